@@ -1,0 +1,3 @@
+from bnfix.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""Rule logic over the IR. Each check is registered under its rule code; its documentation
+and examples are the rule's data file in `rules/`. Checks read only the IR."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from bnfix.ir import Finding, ModuleIR
+
+Check = Callable[[ModuleIR], Iterable[Finding]]
+
+REGISTRY: dict[str, Check] = {}
+# Codes the engine itself reports (a file that cannot be read or parsed).
+ENGINE_CODES = frozenset({"BN900", "BN901"})
+
+
+def check(code: str) -> Callable[[Check], Check]:
+    def register(fn: Check) -> Check:
+        if code in REGISTRY:
+            raise ValueError(f"two checks registered for {code}")
+        REGISTRY[code] = fn
+        return fn
+
+    return register
+
+
+def registry() -> dict[str, Check]:
+    """All checks, importing the framework groups on first use."""
+    from bnfix.checks import tensorflow  # noqa: F401  (registers BN001-BN004)
+
+    return REGISTRY

@@ -1,0 +1,315 @@
+"""TF1 training-graph rules: the four bugs of seed 000 (BN001-BN004)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from bnfix.checks import check
+from bnfix.ir import (
+    Applicability,
+    Binding,
+    BNSite,
+    CallInfo,
+    CollectionGet,
+    Const,
+    Edit,
+    EditOp,
+    Finding,
+    Fix,
+    FromParam,
+    ModuleIR,
+    Span,
+    TowerLoop,
+    TrainOp,
+    Value,
+    VarsExpr,
+    WrapStatements,
+    bindings,
+    is_const,
+)
+
+UNSAFE = Applicability.UNSAFE
+DISPLAY = Applicability.DISPLAY_ONLY
+
+
+def _describe(value: Value | None) -> str:
+    if value is None:
+        return "not passed"
+    if isinstance(value, FromParam):
+        return f"parameter `{value.name}` of `{value.function.name}`"
+    return f"`{value.text}`"
+
+
+def _row(span: Span | None) -> str:
+    return f"line {span.start.row}" if span else "the API default"
+
+
+# ---------------------------------------------------------------------------------------------
+# BN001 frozen-affine-in-training
+
+
+@dataclass(frozen=True)
+class _Context:
+    trainable: Value | None
+    training: Value | None
+    binding: Binding
+
+
+def _contexts(site: BNSite) -> Iterator[_Context]:
+    """trainable/training of `site` in each calling context. A layer object gets `training`
+    when it is called, so those calls are the contexts."""
+    trainable = site.value("trainable")
+    if site.api.kind == "function":
+        for b in bindings(site.function):
+            yield _Context(b.value(trainable), b.value(site.value("training")), b)
+        return
+    default = site.api.defaults.get("training")
+    for args in site.instance_calls:
+        training: Value | None = args["training"].value if "training" in args else Const(
+            default, repr(default), None)
+        outer = training.function if isinstance(training, FromParam) else None
+        for b in bindings(site.function):
+            for inner in bindings(outer):
+                yield _Context(b.value(trainable), inner.value(training), b)
+
+
+def _training_mode(site: BNSite) -> bool:
+    """The site may run in training mode in some context (training not literally False)."""
+    return any(not is_const(c.training, False) for c in _contexts(site))
+
+
+@check("BN001")
+def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
+    for site in module.bn_sites:
+        if site.api.trainable_semantics != "affine":
+            continue
+        contexts = list(_contexts(site))
+        bad = [c for c in contexts if is_const(c.trainable, False) and not is_const(c.training, False)]
+        if not bad:
+            continue
+        frozen = [c for c in contexts if is_const(c.trainable, False) and is_const(c.training, False)]
+        first = bad[0]
+        literal = first.trainable
+        assert isinstance(literal, Const)
+        origin = ""
+        direct = site.args.get("trainable")
+        if literal.span is not None and (direct is None or literal.span != direct.value.span):
+            origin = f" (the `False` comes from {_row(literal.span)})"
+        mode = _describe(first.training)
+        site_row = first.binding.innermost_site
+        where = f" at the call on line {site_row.span.start.row}" if site_row else ""
+        message = (
+            f"`{site.call.callee}` is built with `trainable=False`{origin} but runs in training "
+            f"mode (training is {mode}{where}): gamma and beta never train and stay at 1 and 0"
+        )
+        yield Finding("BN001", site.span, message, _bn001_fix(site, bad, frozen))
+
+
+def _bn001_fix(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Fix:
+    spans = {c.trainable.span for c in bad if isinstance(c.trainable, Const) and c.trainable.span}
+    shared = {c.trainable.span for c in frozen if isinstance(c.trainable, Const)} & spans
+    if spans and not shared:
+        edits = tuple(Edit(span, "True") for span in sorted(spans))
+        return Fix(UNSAFE, "Set `trainable=True` so gamma and beta train", edits)
+    # The same literal also freezes a BN that is in inference mode on purpose: pass
+    # trainable=True at the training call sites instead of changing the shared default.
+    raw = site.value("trainable")
+    if isinstance(raw, FromParam) and raw.function is site.function:
+        edits = []
+        for c in bad:
+            call_site = c.binding.innermost_site
+            if call_site is None or raw.name in call_site.args:
+                return Fix(DISPLAY, "Pass `trainable=True` where this BN trains", ())
+            edits.append(_add_keyword(call_site.call, f"{raw.name}=True"))
+        return Fix(UNSAFE, f"Pass `{raw.name}=True` at the call sites that train", tuple(edits))
+    return Fix(DISPLAY, "Pass `trainable=True` where this BN trains", ())
+
+
+def _add_keyword(call: CallInfo, text: str) -> Edit:
+    if call.args_end is None:
+        return Edit(Span.at(call.close_paren), text)
+    return Edit(Span.at(call.args_end), f", {text}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tower scopes, shared by BN002 and BN003
+
+
+@dataclass(frozen=True)
+class _ScopePlan:
+    name: str
+    edits: tuple[EditOp, ...]
+
+
+def _tower_scope(module: ModuleIR, tower: TowerLoop) -> _ScopePlan | None:
+    """A name bound to one tower's name scope, with the edits that create it if needed:
+    ` as tower_scope` added to the tower's name_scope, or a name_scope wrapped around the
+    tower's device block."""
+    if tower.name_scope is not None:
+        if tower.name_scope.as_name:
+            return _ScopePlan(tower.name_scope.as_name, ())
+        name = module.fresh_name("tower_scope")
+        return _ScopePlan(name, (Edit(Span.at(tower.name_scope.item_end), f" as {name}"),))
+    block, prefix = tower.device_block, module.tf1_prefix
+    if block is None or prefix is None or tower.loop_var is None or not tower.starts_at_zero:
+        return None
+    name = module.fresh_name("tower_scope")
+    header = f"with {prefix}.name_scope('tower_%d' % {tower.loop_var}) as {name}:"
+    return _ScopePlan(name, (WrapStatements(block.first_row, block.last_row, header),))
+
+
+def _inside_block(tower: TowerLoop, row: int) -> bool:
+    block = tower.device_block
+    return block is not None and block.first_row <= row <= block.last_row
+
+
+# ---------------------------------------------------------------------------------------------
+# BN002 unscoped-update-ops
+
+
+@check("BN002")
+def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
+    for get in module.collection_gets:
+        if get.key != "UPDATE_OPS" or get.scoped or get.tower is None:
+            continue
+        tower = get.tower
+        where = "inside" if get.inside_tower else "after"
+        effect = (
+            "each iteration collects every tower built so far, so the list holds duplicates"
+            if get.inside_tower and get.usage == "accumulate"
+            else "it holds the update ops of every tower"
+        )
+        message = (
+            f"`{get.call.callee}(UPDATE_OPS)` without a scope {where} the tower loop at line "
+            f"{tower.span.start.row}: {effect}, so the shared moving mean/variance are updated "
+            "once per tower each step; collect one tower's updates (its name scope)"
+        )
+        yield Finding("BN002", get.call.span, message, _bn002_fix(module, get, tower))
+
+
+def _scoped_call(get: CollectionGet, scope: str) -> Edit:
+    return _add_keyword(get.call, scope)
+
+
+def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
+    advice = Fix(DISPLAY, "Collect UPDATE_OPS from one tower's name scope", ())
+    plan = _tower_scope(module, tower)
+    if plan is None or get.call.args_end is None or get.call.trailing_comma:
+        return advice
+    row = get.call.span.start.row
+    if get.inside_tower:
+        created = tower.name_scope is None
+        if (created and not _inside_block(tower, row)) or (not created and not get.row_in_loop_after_scope):
+            return advice
+        if get.usage == "assign":
+            edits = (*plan.edits, _scoped_call(get, plan.name))
+            return Fix(UNSAFE, f"Collect the UPDATE_OPS of the current tower (`{plan.name}`)", edits)
+        if get.usage == "accumulate" and tower.starts_at_zero and tower.loop_var:
+            scoped = _scoped_call(get, plan.name)
+            edits = (
+                *plan.edits,
+                scoped,
+                Edit(Span.at(get.call.span.end), f" if {tower.loop_var} == 0 else []"),
+            )
+            return Fix(UNSAFE, "Collect the UPDATE_OPS of the first tower only", edits)
+        return advice
+    edits = (*plan.edits, _scoped_call(get, plan.name))
+    return Fix(UNSAFE, f"Collect the UPDATE_OPS of one tower (`{plan.name}`, the last built)", edits)
+
+
+# ---------------------------------------------------------------------------------------------
+# BN003 update-ops-not-run
+
+
+@check("BN003")
+def update_ops_not_run(module: ModuleIR) -> Iterator[Finding]:
+    sites = [
+        s for s in module.bn_sites
+        if s.api.updates == "update_ops"
+        and not is_const(s.value("updates_collections"), None)
+        and _training_mode(s)
+    ]
+    if not sites:
+        return
+    names = ", ".join(sorted({f"`{s.call.callee}`" for s in sites}))
+    for op in module.train_ops:
+        if op.adds_update_ops or "UPDATE_OPS" in op.control_keys:
+            continue
+        if op.under_control_deps:
+            keys = ", ".join(sorted(k for k in op.control_keys if k != "?")) or "other ops"
+            cause = f"its control_dependencies hold {keys}, not UPDATE_OPS"
+        else:
+            cause = "it is not built under `control_dependencies(UPDATE_OPS)`"
+        message = (
+            f"the train op `{op.call.callee}(...)` never runs the batch-norm update ops ({cause}):"
+            f" the moving mean/variance of {names} stay at 0 and 1 and inference uses them"
+        )
+        yield Finding("BN003", op.call.span, message, _bn003_fix(module, op))
+
+
+def _bn003_fix(module: ModuleIR, op: TrainOp) -> Fix:
+    advice = Fix(DISPLAY, "Build the train op under `control_dependencies(UPDATE_OPS)`", ())
+    prefix = module.tf1_prefix
+    if prefix is None or not op.statement.wrappable:
+        return advice
+    scope, edits = "", ()
+    if op.after_tower is not None:
+        plan = _tower_scope(module, op.after_tower)
+        if plan is None:
+            return advice
+        scope, edits = f", {plan.name}", plan.edits
+    header = (
+        f"with {prefix}.control_dependencies({prefix}.get_collection("
+        f"{prefix}.GraphKeys.UPDATE_OPS{scope})):"
+    )
+    wrap = WrapStatements(op.statement.first_row, op.statement.last_row, header)
+    return Fix(UNSAFE, "Run the UPDATE_OPS before each training step", (*edits, wrap))
+
+
+# ---------------------------------------------------------------------------------------------
+# BN004 double-ema-of-bn-stats
+
+
+@check("BN004")
+def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
+    polluted = [
+        s for s in module.bn_sites
+        if "variables_collections" in s.args
+        and "TRAINABLE_VARIABLES" in getattr(s.args["variables_collections"].value, "text", "")
+    ]
+    for apply in module.ema_applies:
+        var_list = apply.var_list
+        if var_list is None:
+            continue
+        tags = var_list.tags
+        direct = "moving_stats" in tags
+        if not direct and not (polluted and "trainable" in tags):
+            continue
+        if direct:
+            sources = ", ".join(f"`{t.text}`" for t in var_list.terms if "moving_stats" in t.tags)
+            origin = f" (from `{var_list.local_name}`)" if var_list.local_name else ""
+            message = (
+                f"`{apply.call.callee}(...)` averages the batch-norm moving mean/variance"
+                f"{origin}: {sources} already holds exponential moving averages, so the EMA "
+                "shadows are averages of averages that lag behind; average trainable variables only"
+            )
+            yield Finding("BN004", apply.call.span, message, _bn004_fix(module, var_list))
+        else:
+            message = (
+                f"`{apply.call.callee}(...)` averages trainable variables, but a BN at line "
+                f"{polluted[0].span.start.row} puts its moving statistics in TRAINABLE_VARIABLES "
+                "(`variables_collections`): they get a second moving average (and gradients)"
+            )
+            fix = Fix(DISPLAY, "Keep the moving statistics out of TRAINABLE_VARIABLES", ())
+            yield Finding("BN004", apply.call.span, message, fix)
+
+
+def _bn004_fix(module: ModuleIR, var_list: VarsExpr) -> Fix:
+    prefix = module.tf1_prefix
+    kept = [t.text for t in var_list.terms if "moving_stats" not in t.tags]
+    if not any("trainable" in t.tags for t in var_list.terms if "moving_stats" not in t.tags):
+        if prefix is None:
+            return Fix(DISPLAY, "Average `trainable_variables()` only", ())
+        kept.insert(0, f"{prefix}.trainable_variables()")
+    return Fix(UNSAFE, "Average trainable variables only", (Edit(var_list.span, " + ".join(kept)),))

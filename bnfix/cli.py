@@ -1,0 +1,156 @@
+"""The command line: parses arguments and calls one function per command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bnfix import __version__
+
+EPILOG = "Exit codes: 0 clean (or everything fixed), 1 findings remain, 2 usage or internal error."
+
+
+def _codes(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
+    parser.add_argument("paths", nargs="*", help="files or folders (default: .); `-` reads stdin")
+    if not fix_default:
+        parser.add_argument("--fix", action="store_true", help="apply fixes (safe ones by default)")
+    parser.add_argument("--unsafe-fixes", action="store_true",
+                        help="also apply fixes that change behaviour on purpose")
+    parser.add_argument("--diff", action="store_true",
+                        help="print the fixes as a unified diff and write nothing")
+    parser.add_argument("--select", type=_codes, default=None,
+                        help="rules to enable: codes, prefixes (BN0), names or ALL (replaces config)")
+    parser.add_argument("--ignore", type=_codes, default=[], action="extend",
+                        help="rules to disable (added to the configuration's)")
+    parser.add_argument("--extend-select", type=_codes, default=[], action="extend",
+                        help="rules to enable on top of the selection")
+    parser.add_argument("--output-format", default="full",
+                        choices=("full", "concise", "json", "github", "sarif"))
+    parser.add_argument("--statistics", action="store_true", help="count findings per rule")
+    parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    parser.add_argument("--stdin-filename", help="the name of the file read from stdin")
+    parser.add_argument("--config", help="a pyproject.toml to read [tool.bnfix] from")
+    parser.add_argument("-j", "--jobs", type=int, default=None,
+                        help="worker processes (default: cores, 1 under pre-commit)")
+    parser.add_argument("--force-exclude", action="store_true",
+                        help="apply excludes also to files named on the command line")
+    parser.add_argument("--no-respect-gitignore", dest="respect_gitignore", action="store_false",
+                        default=None, help="check files that .gitignore excludes")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                        help="no progress line on a terminal")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bnfix",
+        description="Find and fix BatchNorm bugs in TensorFlow, Keras and PyTorch code.",
+        epilog=EPILOG,
+    )
+    parser.add_argument("--version", action="version", version=f"bnfix {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser("check", help="report BatchNorm bugs (static: never runs your code)",
+                           epilog=EPILOG)
+    _lint_arguments(check, fix_default=False)
+    fix = sub.add_parser("fix", help="fix BatchNorm bugs in place (= check --fix)", epilog=EPILOG)
+    _lint_arguments(fix, fix_default=True)
+    rule = sub.add_parser("rule", help="print a rule's documentation")
+    rule.add_argument("code", nargs="?", help="rule code or name, e.g. BN001")
+    rule.add_argument("--all", action="store_true", help="every rule")
+    rule.add_argument("--output-format", default="text", choices=("text", "json"))
+    rules = sub.add_parser("rules", help="list the rules")
+    rules.add_argument("--output-format", default="text", choices=("text", "json", "markdown"))
+    return parser
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from bnfix.lint import LintOptions, run
+
+    options = LintOptions(
+        paths=args.paths,
+        fix=args.command == "fix" or getattr(args, "fix", False),
+        unsafe_fixes=args.unsafe_fixes,
+        diff=args.diff,
+        select=args.select,
+        ignore=args.ignore,
+        extend_select=args.extend_select,
+        output_format=args.output_format,
+        statistics=args.statistics,
+        exit_zero=args.exit_zero,
+        stdin_filename=args.stdin_filename,
+        config=args.config,
+        jobs=args.jobs,
+        force_exclude=args.force_exclude,
+        respect_gitignore=args.respect_gitignore,
+        progress=args.progress,
+    )
+    return run(options)
+
+
+def _rule_record(rule) -> dict:  # type: ignore[no-untyped-def]
+    return {"code": rule.code, "name": rule.name, "summary": rule.summary,
+            "severity": rule.severity, "fix": rule.fix, "frameworks": list(rule.frameworks),
+            "url": rule.url, "explanation": rule.markdown()}
+
+
+def _cmd_rule(args: argparse.Namespace) -> int:
+    from bnfix.rulebook import load_rulebook
+
+    book = load_rulebook()
+    if args.all:
+        chosen = [book.rules[c] for c in sorted(book.rules)]
+    elif args.code:
+        rule = book.get(args.code) or book.by_name(args.code)
+        if rule is None:
+            sys.stderr.write(f"bnfix: no rule `{args.code}` (see `bnfix rules`)\n")
+            return 2
+        chosen = [rule]
+    else:
+        sys.stderr.write("bnfix: give a rule code (e.g. `bnfix rule BN001`) or --all\n")
+        return 2
+    if args.output_format == "json":
+        records = [_rule_record(r) for r in chosen]
+        sys.stdout.write(json.dumps(records if args.all else records[0], indent=2) + "\n")
+    else:
+        sys.stdout.write("\n".join(r.markdown() for r in chosen))
+    return 0
+
+
+def _cmd_rules(args: argparse.Namespace) -> int:
+    from bnfix.rulebook import load_rulebook, rules_table_markdown
+
+    book = load_rulebook()
+    rules = [book.rules[c] for c in sorted(book.rules)]
+    if args.output_format == "json":
+        sys.stdout.write(json.dumps([_rule_record(r) for r in rules], indent=2) + "\n")
+    elif args.output_format == "markdown":
+        sys.stdout.write(rules_table_markdown(book))
+    else:
+        width = max(len(r.name) for r in rules)
+        for r in rules:
+            sys.stdout.write(f"{r.code}  {r.name:<{width}}  {r.fix:<12}  {r.summary}\n")
+    return 0
+
+
+COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from bnfix.lint import UsageError
+
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        sys.stderr.write(f"bnfix: {exc}\n")
+        return 2
+    except BrokenPipeError:
+        return 1

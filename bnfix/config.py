@@ -1,0 +1,126 @@
+"""Configuration: `[tool.bnfix]` in pyproject.toml, merged with command-line options the way
+ruff merges them (the command line wins; extend-* adds)."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bnfix.rulebook import RuleBook, RuleBookError, tomllib
+
+KNOWN_KEYS = {
+    "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
+    "respect-gitignore",
+}
+
+
+class ConfigError(Exception):
+    """Bad configuration: the message names the file and the key."""
+
+
+@dataclass
+class Settings:
+    root: Path
+    source: Path | None = None  # the pyproject.toml it came from
+    select: list[str] | None = None
+    ignore: list[str] = field(default_factory=list)
+    extend_select: list[str] = field(default_factory=list)
+    per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
+    exclude: list[str] | None = None
+    extend_exclude: list[str] = field(default_factory=list)
+    respect_gitignore: bool = True
+
+    def enabled(self, book: RuleBook) -> frozenset[str]:
+        """The rule codes this configuration turns on (default: all rules)."""
+        try:
+            codes = book.expand(self.select if self.select is not None else ["ALL"])
+            codes |= book.expand(self.extend_select)
+            codes -= book.expand(self.ignore)
+        except RuleBookError as exc:
+            raise ConfigError(str(exc)) from exc
+        return frozenset(codes)
+
+    def ignored_for(self, path: Path, book: RuleBook) -> frozenset[str]:
+        """Codes that `per-file-ignores` switches off for `path`."""
+        if not self.per_file_ignores:
+            return frozenset()
+        try:
+            rel = path.resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            rel = path.as_posix()
+        out: set[str] = set()
+        for pattern, codes in self.per_file_ignores.items():
+            if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(path.name, pattern) or \
+                    rel.startswith(pattern.rstrip("/") + "/"):
+                try:
+                    out |= book.expand(codes)
+                except RuleBookError as exc:
+                    raise ConfigError(f"per-file-ignores `{pattern}`: {exc}") from exc
+        return frozenset(out)
+
+
+def _list(data: dict[str, Any], key: str, path: Path) -> list[str] | None:
+    if key not in data:
+        return None
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{path}: [tool.bnfix] `{key}` must be a list of strings")
+    return value
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The nearest pyproject.toml with a [tool.bnfix] table, from `start` upwards."""
+    here = start.resolve()
+    if here.is_file():
+        here = here.parent
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                with candidate.open("rb") as fh:
+                    data = tomllib.load(fh)
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"{candidate}: cannot read: {exc}") from exc
+            if "bnfix" in data.get("tool", {}):
+                return candidate
+    return None
+
+
+def load_settings(config: Path | None, start: Path) -> Settings:
+    """Settings from `config` (an explicit pyproject.toml) or the nearest one above `start`."""
+    path = config if config is not None else find_pyproject(start)
+    if path is None:
+        return Settings(root=Path.cwd())
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    table = data.get("tool", {}).get("bnfix", {})
+    unknown = set(table) - KNOWN_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown key(s) in [tool.bnfix]: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(KNOWN_KEYS))})"
+        )
+    pfi = table.get("per-file-ignores", {})
+    if not isinstance(pfi, dict) or not all(
+        isinstance(v, list) and all(isinstance(c, str) for c in v) for v in pfi.values()
+    ):
+        raise ConfigError(f"{path}: [tool.bnfix] `per-file-ignores` must map globs to lists of codes")
+    respect = table.get("respect-gitignore", True)
+    if not isinstance(respect, bool):
+        raise ConfigError(f"{path}: [tool.bnfix] `respect-gitignore` must be true or false")
+    return Settings(
+        root=path.parent,
+        source=path,
+        select=_list(table, "select", path),
+        ignore=_list(table, "ignore", path) or [],
+        extend_select=_list(table, "extend-select", path) or [],
+        per_file_ignores=dict(pfi),
+        exclude=_list(table, "exclude", path),
+        extend_exclude=_list(table, "extend-exclude", path) or [],
+        respect_gitignore=respect,
+    )

@@ -1,0 +1,203 @@
+"""The rule engine: for one file, a cheap text pre-filter, one lift into the IR, every enabled
+rule over that IR, suppressions, and fix application (iterated until nothing more applies)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bnfix.checks import ENGINE_CODES, registry
+from bnfix.ir import Applicability, Finding, Fix, Pos, Span
+from bnfix.rulebook import RuleBook
+from bnfix.source import lift as lifting
+from bnfix.source.noqa import Suppressions
+from bnfix.source.reader import SourceError, decode, parse
+from bnfix.source.text import SourceText
+from bnfix.source.writer import apply_fixes, lower
+
+MAX_FIX_PASSES = 10
+BN_APIS = "@bn-apis"  # a rule trigger that stands for every BN API name in the catalogue
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A finding bound to a file, with its fix lowered to text edits."""
+
+    path: str
+    code: str
+    name: str
+    span: Span
+    message: str
+    fix: Fix | None
+    url: str
+    snippet: tuple[tuple[int, str], ...] = ()  # (row, text) around the span, for display
+
+    @property
+    def fixable(self) -> bool:
+        return self.fix is not None and bool(self.fix.edits) and \
+            self.fix.applicability is not Applicability.DISPLAY_ONLY
+
+
+@dataclass
+class FileResult:
+    path: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)  # what remains
+    fixed: list[Diagnostic] = field(default_factory=list)  # what the fixes removed
+    original: str | None = None  # the text as read, when fixes changed it
+    new_text: str | None = None  # the fixed text (not yet written)
+    encoding: str = "utf-8"
+    notes: list[str] = field(default_factory=list)  # fixes dropped, and why
+
+    @property
+    def changed(self) -> bool:
+        return self.new_text is not None and self.new_text != self.original
+
+
+def _minimal_words(words: tuple[str, ...]) -> tuple[str, ...]:
+    """Drop words that contain a shorter word of the set: one substring test covers them."""
+    ordered = sorted(set(words), key=len)
+    kept: list[str] = []
+    for word in ordered:
+        if not any(k in word for k in kept):
+            kept.append(word)
+    return tuple(kept)
+
+
+def _snippet(source: SourceText, span: Span) -> tuple[tuple[int, str], ...]:
+    first = max(1, span.start.row - 1)
+    last = min(source.row_count, span.end.row + 1, first + 7)
+    return tuple((row, source.line(row)) for row in range(first, last + 1))
+
+
+class Engine:
+    def __init__(self, book: RuleBook, enabled: frozenset[str]) -> None:
+        self.book = book
+        checks = registry()
+        unknown = enabled - set(checks) - ENGINE_CODES - set(book.rules)
+        if unknown:
+            raise ValueError(f"no such rules: {sorted(unknown)}")
+        self.enabled = enabled
+        self.checks = {code: checks[code] for code in sorted(enabled) if code in checks}
+        bn_words = _minimal_words(book.catalogue.trigger_words)
+        self.triggers: dict[str, tuple[str, ...]] = {}
+        for code in self.checks:
+            words: list[str] = []
+            for trigger in book.rules[code].triggers:
+                words.extend(bn_words if trigger == BN_APIS else (trigger,))
+            self.triggers[code] = _minimal_words(tuple(words)) if words else ()
+
+    # -- analysis --------------------------------------------------------------------------
+
+    def _relevant(self, text: str, ignored: frozenset[str]) -> list[str]:
+        return [
+            code for code, words in self.triggers.items()
+            if code not in ignored and (not words or any(w in text for w in words))
+        ]
+
+    def diagnose(self, text: str, path: str, ignored: frozenset[str] = frozenset()) -> list[Diagnostic]:
+        """All diagnostics of one source text (no suppressed ones)."""
+        codes = self._relevant(text, ignored)
+        if not codes:
+            return []
+        try:
+            tree = parse(text, path)
+        except SourceError as exc:
+            return self._error(path, exc, ignored)
+        source = SourceText(text)
+        module = lifting.lift(source, tree, path, self.book.catalogue)
+        findings: list[Finding] = []
+        for code in codes:
+            findings.extend(self.checks[code](module))
+        if not findings:
+            return []
+        suppressions = Suppressions.scan(source)
+        out = []
+        for f in sorted(findings, key=lambda f: (f.span.start, f.code)):
+            if suppressions.suppressed(f.code, f.span.start.row, f.span.end.row):
+                continue
+            fix = lower(f.fix, source) if f.fix is not None else None
+            rule = self.book.rules[f.code]
+            out.append(Diagnostic(path, f.code, rule.name, f.span, f.message, fix, rule.url,
+                                  _snippet(source, f.span)))
+        return out
+
+    def _error(self, path: str, exc: SourceError, ignored: frozenset[str]) -> list[Diagnostic]:
+        if exc.code not in self.enabled or exc.code in ignored:
+            return []
+        rule = self.book.rules[exc.code]
+        span = Span.at(Pos(exc.row, exc.col))
+        return [Diagnostic(path, exc.code, rule.name, span, exc.message, None, rule.url)]
+
+    # -- fixing ----------------------------------------------------------------------------
+
+    def fix_text(self, text: str, path: str, unsafe: bool,
+                 ignored: frozenset[str] = frozenset()) -> FileResult:
+        """Apply fixes until none applies; the result holds the remaining diagnostics."""
+        result = FileResult(path)
+        diagnostics = self.diagnose(text, path, ignored)
+        current = text
+        for _ in range(MAX_FIX_PASSES):
+            todo = [d for d in diagnostics if d.fixable and (
+                unsafe or d.fix.applicability is Applicability.SAFE)]  # type: ignore[union-attr]
+            if not todo:
+                break
+            applied = apply_fixes(SourceText(current), [d.fix for d in todo])  # type: ignore[misc]
+            for index, why in applied.rejected.items():
+                d = todo[index]
+                note = (f"{path}:{d.span.start.row}: fix for {d.code} dropped: the result would "
+                        f"not parse ({why})")
+                if note not in result.notes:
+                    result.notes.append(note)
+            if not applied.applied:
+                break
+            result.fixed.extend(todo[i] for i in applied.applied)
+            current = applied.text
+            diagnostics = self.diagnose(current, path, ignored)
+        result.diagnostics = diagnostics
+        if current != text:
+            result.original, result.new_text = text, current
+        return result
+
+    # -- files -----------------------------------------------------------------------------
+
+    def run_file(self, path: Path, *, fix: bool, unsafe: bool,
+                 ignored: frozenset[str] = frozenset()) -> FileResult:
+        shown = str(path)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            error = SourceError("BN901", f"cannot read: {reason}")
+            return FileResult(shown, self._error(shown, error, ignored))
+        try:
+            decoded = decode(data)
+        except SourceError as exc:
+            return FileResult(shown, self._error(shown, exc, ignored))
+        if not fix:
+            return FileResult(shown, self.diagnose(decoded.text, shown, ignored),
+                              encoding=decoded.encoding)
+        result = self.fix_text(decoded.text, shown, unsafe, ignored)
+        result.encoding = decoded.encoding
+        return result
+
+
+def write_atomic(path: Path, text: str, encoding: str) -> None:
+    """Replace `path`'s content all at once: a temporary file in the same folder, renamed over
+    the original (a symlink keeps pointing at its target, which gets the new content)."""
+    target = Path(os.path.realpath(path))
+    data = text.encode(encoding)
+    mode = target.stat().st_mode
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".bnfix", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode & 0o7777)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,149 @@
+"""Which files to check: walk the given paths, skip excluded and git-ignored ones, stream
+the rest (no whole-tree list is needed to start working)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pathspec import GitIgnoreSpec
+
+DEFAULT_EXCLUDE = (
+    ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".mypy_cache", ".nox",
+    ".pants.d", ".pytype", ".ruff_cache", ".bnfix_cache", ".svn", ".tox", ".venv",
+    "__pypackages__", "__pycache__", "_build", "buck-out", "build", "dist", "node_modules",
+    "site-packages", "venv",
+)
+PYTHON_SUFFIXES = (".py", ".pyi")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    explicit: bool  # named on the command line (checked even when excluded, unless forced)
+
+
+class _Ignores:
+    """The .gitignore files that apply below a folder (deepest last) plus exclude patterns."""
+
+    def __init__(self, exclude: GitIgnoreSpec, root: Path, git: list[tuple[Path, GitIgnoreSpec]]):
+        self.exclude = exclude
+        self.root = root
+        self.git = git
+
+    def child(self, folder: Path, respect_gitignore: bool) -> _Ignores:
+        spec = _read_gitignore(folder / ".gitignore") if respect_gitignore else None
+        if spec is None:
+            return self
+        return _Ignores(self.exclude, self.root, [*self.git, (folder, spec)])
+
+    def ignored(self, path: Path, is_dir: bool) -> bool:
+        suffix = "/" if is_dir else ""
+        if self.exclude.match_file(path.name + suffix):
+            return True
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            rel = None
+        if rel is not None and self.exclude.match_file(rel + suffix):
+            return True
+        for base, spec in reversed(self.git):
+            try:
+                rel_git = path.relative_to(base).as_posix()
+            except ValueError:
+                continue
+            result = spec.check_file(rel_git + suffix)
+            if result.include is not None:
+                return result.include
+        return False
+
+
+def _read_gitignore(path: Path) -> GitIgnoreSpec | None:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    return GitIgnoreSpec.from_lines(lines) if lines else None
+
+
+def _git_root(start: Path) -> Path | None:
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
+    """The .gitignore files between the repository root and `folder` (exclusive)."""
+    if not respect:
+        return base
+    root = _git_root(folder)
+    if root is None:
+        return base
+    ignores = base
+    info = _read_gitignore(root / ".git" / "info" / "exclude")
+    if info is not None:
+        ignores = _Ignores(ignores.exclude, ignores.root, [*ignores.git, (root, info)])
+    chain = [p for p in (folder, *folder.parents) if p == root or root in p.parents]
+    for parent in reversed(chain[1:]):
+        ignores = ignores.child(parent, respect)
+    return ignores
+
+
+def discover(
+    paths: list[Path],
+    *,
+    root: Path,
+    exclude: list[str] | None,
+    extend_exclude: list[str],
+    respect_gitignore: bool = True,
+    force_exclude: bool = False,
+) -> Iterator[Candidate]:
+    """Python files under `paths`, in a stable order, each once."""
+    patterns = list(DEFAULT_EXCLUDE if exclude is None else exclude) + list(extend_exclude)
+    base = _Ignores(GitIgnoreSpec.from_lines(patterns), root.resolve(), [])
+    seen: set[Path] = set()
+    for given in paths:
+        absolute = Path(os.path.abspath(given))
+        if not absolute.is_dir():
+            ignores = _ancestor_ignores(absolute.parent, base, respect_gitignore)
+            ignores = ignores.child(absolute.parent, respect_gitignore)
+            if force_exclude and ignores.ignored(absolute, False):
+                continue
+            if absolute not in seen:
+                seen.add(absolute)
+                yield Candidate(given, explicit=True)
+            continue
+        ignores = _ancestor_ignores(absolute, base, respect_gitignore)
+        if force_exclude and ignores.ignored(absolute, True):
+            continue
+        yield from _walk(given, absolute, ignores, respect_gitignore, seen)
+
+
+def _walk(shown: Path, folder: Path, ignores: _Ignores, respect: bool,
+          seen: set[Path]) -> Iterator[Candidate]:
+    ignores = ignores.child(folder, respect)
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return
+    subdirs = []
+    for entry in entries:
+        path = folder / entry.name
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if is_dir:
+            if not ignores.ignored(path, True):
+                subdirs.append(entry.name)
+            continue
+        if not entry.name.endswith(PYTHON_SUFFIXES) or ignores.ignored(path, False):
+            continue
+        if path not in seen:
+            seen.add(path)
+            yield Candidate(shown / entry.name, explicit=False)
+    for name in subdirs:
+        yield from _walk(shown / name, folder / name, ignores, respect, seen)

@@ -1,0 +1,415 @@
+"""The intermediate representation: BN sites, their context, findings and fixes.
+
+Front-ends (Python source today; modules, graphs and artifacts later) lift their input into
+these records; rules read only these records; writers lower the edits back. Nothing here
+knows how the records were produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Union
+
+# ---------------------------------------------------------------------------------------------
+# Positions and edits
+
+
+@dataclass(frozen=True, order=True)
+class Pos:
+    """A position in a text: 1-based row, 0-based column counted in characters."""
+
+    row: int
+    col: int
+
+
+@dataclass(frozen=True, order=True)
+class Span:
+    start: Pos
+    end: Pos
+
+    @staticmethod
+    def at(pos: Pos) -> Span:
+        return Span(pos, pos)
+
+
+class Applicability(str, Enum):
+    """How sure a fix is (ruff's terms): safe fixes keep the code's intent, unsafe ones may
+    change behaviour on purpose (that is the bug fix), display-only ones are advice."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+    DISPLAY_ONLY = "display-only"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text in `span` with `content` (an insertion when the span is empty)."""
+
+    span: Span
+    content: str
+
+
+@dataclass(frozen=True)
+class WrapStatements:
+    """Wrap whole source rows `first_row..last_row` in a block opened by `header`.
+
+    A structural edit: the writer lowers it to text, re-indenting the rows (never the inside
+    of a multi-line string) with the file's own indentation unit."""
+
+    first_row: int
+    last_row: int
+    header: str
+
+
+EditOp = Union[Edit, WrapStatements]
+
+
+@dataclass(frozen=True)
+class Fix:
+    applicability: Applicability
+    message: str
+    edits: tuple[EditOp, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    span: Span
+    message: str
+    fix: Fix | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: what static analysis knows about an argument
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal (after following module constants and single local assignments)."""
+
+    value: object
+    text: str
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """An expression whose value static analysis cannot know (`self.is_training`, a tensor)."""
+
+    text: str
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class FromParam:
+    """The value of parameter `name` of `function`: resolved at each of its call sites."""
+
+    function: FunctionInfo
+    name: str
+    span: Span | None
+
+
+Value = Union[Const, Unknown, FromParam]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: Value | None
+    default_span: Span | None
+    positional: bool  # may be passed by position
+    index: int
+
+
+@dataclass
+class CallSite:
+    """A call of a module-local function: what it passes for each parameter."""
+
+    span: Span
+    args: dict[str, Value]
+    call: CallInfo
+    caller: FunctionInfo | None
+
+
+@dataclass(eq=False)
+class FunctionInfo:
+    """A function or method defined in the module, with the call sites found in the module."""
+
+    qualname: str
+    name: str
+    class_name: str | None
+    span: Span
+    params: dict[str, Param]
+    call_sites: list[CallSite] = field(default_factory=list)
+
+    def param_value(self, site: CallSite, name: str) -> Value | None:
+        """What `site` binds to parameter `name`: the passed value or the default."""
+        if name in site.args:
+            return site.args[name]
+        param = self.params.get(name)
+        return param.default if param else None
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Where a call's pieces are, for edits: its span, its callee text and argument anchors."""
+
+    span: Span
+    callee: str
+    args_end: Pos | None  # end of the last argument, None when there are no arguments
+    close_paren: Pos  # the position of ')'
+    trailing_comma: bool
+    multiline: bool
+
+
+class Binding:
+    """One calling context of a site: a chain of call sites from its function outwards.
+
+    `value()` evaluates a Value in that context: a parameter becomes what the call site passes
+    (or the default), recursively up the chain."""
+
+    def __init__(self, chain: tuple[tuple[FunctionInfo, CallSite], ...] = ()) -> None:
+        self.chain = chain
+
+    def value(self, value: Value | None) -> Value | None:
+        for function, site in self.chain:
+            if not (isinstance(value, FromParam) and value.function is function):
+                break
+            value = function.param_value(site, value.name)
+        if isinstance(value, FromParam) and not value.function.call_sites:
+            param = value.function.params.get(value.name)
+            if param is not None and param.default is not None:
+                return param.default
+        return value
+
+    @property
+    def innermost_site(self) -> CallSite | None:
+        return self.chain[0][1] if self.chain else None
+
+
+def bindings(function: FunctionInfo | None, depth: int = 3, limit: int = 64) -> Iterator[Binding]:
+    """Every calling context of code in `function`, up to `depth` call levels and `limit`
+    contexts; a function with no known call site yields the empty context."""
+    if function is None or not function.call_sites or depth == 0:
+        yield Binding()
+        return
+    produced = 0
+    for site in function.call_sites:
+        for outer in bindings(site.caller, depth - 1, limit):
+            yield Binding(((function, site),) + outer.chain)
+            produced += 1
+            if produced >= limit:
+                return
+
+
+def is_const(value: Value | None, expected: object) -> bool:
+    """True when `value` is the literal `expected` (True is not 1 here)."""
+    return (
+        isinstance(value, Const)
+        and type(value.value) is type(expected)
+        and value.value == expected
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# BN sites
+
+
+@dataclass(frozen=True)
+class Arg:
+    """An argument as written at a BN call: its name in that API, value and spans."""
+
+    name: str
+    value: Value
+    span: Span  # the whole argument (`trainable=False`)
+    keyword: bool
+
+
+@dataclass
+class BNSite:
+    """One BatchNorm construction or call, resolved against the API catalogue."""
+
+    api: ApiRef
+    qualname: str
+    call: CallInfo
+    args: dict[str, Arg]  # by canonical parameter name
+    function: FunctionInfo | None
+    instance_calls: list[dict[str, Arg]] = field(default_factory=list)
+
+    @property
+    def span(self) -> Span:
+        return self.call.span
+
+    def value(self, canonical: str) -> Value | None:
+        """The argument's value, or the catalogue default when it is not passed."""
+        arg = self.args.get(canonical)
+        if arg is not None:
+            return arg.value
+        if canonical in self.api.defaults:
+            default = self.api.defaults[canonical]
+            return Const(default, repr(default), None)
+        return None
+
+
+@dataclass(frozen=True)
+class ApiRef:
+    """What rules need from a catalogue entry (kept small so the IR stays front-end neutral)."""
+
+    id: str
+    framework: str
+    kind: str  # function | layer | module
+    trainable_semantics: str  # affine | inference | none
+    updates: str  # update_ops | inline | layer | module | manual
+    momentum_convention: str  # tf | torch | none
+    synced: bool
+    defaults: dict[str, object]
+    names: dict[str, str]  # canonical -> name in this API (e.g. training -> is_training)
+
+    def name_of(self, canonical: str) -> str:
+        return self.names.get(canonical, canonical)
+
+
+# ---------------------------------------------------------------------------------------------
+# Context: TF1 multi-tower training, collections, train ops, EMA
+
+
+@dataclass(frozen=True)
+class WithItem:
+    """One `with` item: the call, where ` as name` would go, and the bound name if any."""
+
+    qualname: str
+    span: Span
+    as_name: str | None
+    item_end: Pos
+    arg_text: str
+
+
+@dataclass(frozen=True)
+class Block:
+    """A compound statement's body: rows and whether each row can be re-indented as a whole."""
+
+    header_row: int
+    first_row: int
+    last_row: int
+    indent: str
+
+
+@dataclass
+class TowerLoop:
+    """A `for` loop that builds one model replica per device with shared variables."""
+
+    span: Span
+    function: FunctionInfo | None
+    loop_var: str | None
+    starts_at_zero: bool
+    reuse: bool
+    name_scope: WithItem | None
+    device_block: Block | None
+    device_item: WithItem | None
+    body_last_row: int
+
+
+@dataclass(frozen=True)
+class VarsTerm:
+    """A piece of a variable-list expression and which variable families it holds."""
+
+    span: Span
+    text: str
+    tags: frozenset[str]
+
+
+@dataclass(frozen=True)
+class VarsExpr:
+    """A variable-list expression (`tf.trainable_variables() + tf.moving_average_variables()`),
+    traced through local assignments, split into `+` terms."""
+
+    span: Span
+    text: str
+    terms: tuple[VarsTerm, ...]
+    defined_at: Span | None  # where a traced local variable got this value
+    local_name: str | None
+    local_uses: int
+
+    @property
+    def tags(self) -> frozenset[str]:
+        out: frozenset[str] = frozenset()
+        for term in self.terms:
+            out |= term.tags
+        return out
+
+
+@dataclass
+class CollectionGet:
+    """`tf.get_collection(KEY[, scope])`."""
+
+    key: str
+    scoped: bool
+    call: CallInfo
+    function: FunctionInfo | None
+    tower: TowerLoop | None
+    inside_tower: bool  # lexically inside the tower loop (else after it)
+    usage: str  # assign | accumulate | other
+    row_in_loop_after_scope: bool  # inside the loop, after the tower's name scope was entered
+
+
+@dataclass(frozen=True)
+class Statement:
+    span: Span
+    first_row: int
+    last_row: int
+    wrappable: bool  # starts and ends its own rows, not part of a one-line compound statement
+
+
+@dataclass
+class TrainOp:
+    """A train-op construction: `opt.minimize`, `opt.apply_gradients`, `create_train_op` …"""
+
+    kind: str
+    call: CallInfo
+    statement: Statement
+    function: FunctionInfo | None
+    control_keys: frozenset[str]  # collection keys reaching enclosing control_dependencies
+    under_control_deps: bool
+    adds_update_ops: bool  # a helper that runs UPDATE_OPS itself, or grouped with them later
+    after_tower: TowerLoop | None
+
+
+@dataclass
+class EmaApply:
+    """`ema.apply(var_list)` where `ema` is a `tf.train.ExponentialMovingAverage`."""
+
+    call: CallInfo
+    var_list: VarsExpr | None
+    function: FunctionInfo | None
+
+
+@dataclass
+class ModuleIR:
+    """Everything a source file lifts into."""
+
+    path: str
+    bn_sites: list[BNSite] = field(default_factory=list)
+    functions: list[FunctionInfo] = field(default_factory=list)
+    tower_loops: list[TowerLoop] = field(default_factory=list)
+    collection_gets: list[CollectionGet] = field(default_factory=list)
+    train_ops: list[TrainOp] = field(default_factory=list)
+    ema_applies: list[EmaApply] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)  # module qualname -> local alias
+    names_in_use: frozenset[str] = frozenset()
+    tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)
+
+    def alias(self, *modules: str) -> str | None:
+        """The local name bound to the first of `modules` that is imported."""
+        for module in modules:
+            if module in self.aliases:
+                return self.aliases[module]
+        return None
+
+    def fresh_name(self, preferred: str) -> str:
+        name, n = preferred, 1
+        while name in self.names_in_use:
+            n += 1
+            name = f"{preferred}_{n}"
+        return name

@@ -1,0 +1,257 @@
+"""`bnfix check` / `bnfix fix`: discover files, run the engine over them (in worker processes
+when the tree is large), write fixes atomically, report, and choose the exit code."""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import itertools
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from bnfix.config import ConfigError, Settings, load_settings
+from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
+from bnfix.files import Candidate, discover
+from bnfix.report import formats
+from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook
+
+PARALLEL_THRESHOLD = 64  # below this many files one process is faster than starting workers
+CHUNK = 16
+
+
+@dataclass
+class LintOptions:
+    paths: list[str] = field(default_factory=list)
+    fix: bool = False
+    unsafe_fixes: bool = False
+    diff: bool = False
+    select: list[str] | None = None
+    ignore: list[str] = field(default_factory=list)
+    extend_select: list[str] = field(default_factory=list)
+    output_format: str = "full"
+    statistics: bool = False
+    exit_zero: bool = False
+    stdin_filename: str | None = None
+    config: str | None = None
+    jobs: int | None = None  # None = automatic
+    force_exclude: bool = False
+    respect_gitignore: bool | None = None
+    progress: bool | None = None  # None = when stderr is a terminal
+
+
+class UsageError(Exception):
+    """A problem with how bnfix was called or configured (exit code 2)."""
+
+
+@dataclass
+class Outcome:
+    results: list[FileResult]
+    remaining: list[Diagnostic]
+    fixed: int
+    changed: list[FileResult]
+    errors: list[str]
+
+
+def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engine]:
+    """Load the rule book and the configuration and build the engine they select."""
+    try:
+        book = load_rulebook()
+        settings = load_settings(Path(options.config) if options.config else None, start)
+    except (ConfigError, RuleBookError) as exc:
+        raise UsageError(str(exc)) from exc
+    if options.select is not None:
+        settings.select = options.select
+    settings.ignore = [*settings.ignore, *options.ignore]
+    settings.extend_select = [*settings.extend_select, *options.extend_select]
+    if options.respect_gitignore is not None:
+        settings.respect_gitignore = options.respect_gitignore
+    try:
+        enabled = settings.enabled(book)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    return book, settings, Engine(book, enabled)
+
+
+# -- running over files -------------------------------------------------------------------
+
+_WORKER: Engine | None = None
+
+
+def _init_worker(enabled: frozenset[str]) -> None:
+    global _WORKER
+    _WORKER = Engine(load_rulebook(), enabled)
+
+
+def _run_chunk(items: list[tuple[str, frozenset[str]]], fix: bool, unsafe: bool) -> list[FileResult]:
+    assert _WORKER is not None
+    return [_WORKER.run_file(Path(p), fix=fix, unsafe=unsafe, ignored=ign) for p, ign in items]
+
+
+def default_jobs() -> int:
+    """Processes to use: one under pre-commit (it runs hooks in parallel itself)."""
+    if os.environ.get("PRE_COMMIT") == "1":
+        return 1
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def run_files(engine: Engine, settings: Settings, candidates: Iterable[Candidate], *, fix: bool,
+              unsafe: bool, jobs: int | None) -> Iterator[FileResult]:
+    """FileResults in discovery order, computed in `jobs` processes for large trees."""
+    book = engine.book
+    items = ((str(c.path), settings.ignored_for(c.path, book)) for c in candidates)
+    head = list(itertools.islice(items, PARALLEL_THRESHOLD))
+    workers = default_jobs() if jobs is None else jobs
+    if workers <= 1 or len(head) < PARALLEL_THRESHOLD:
+        for path, ignored in itertools.chain(head, items):
+            yield engine.run_file(Path(path), fix=fix, unsafe=unsafe, ignored=ignored)
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    chunks = _chunks(itertools.chain(head, items), CHUNK)
+    with futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                     initargs=(engine.enabled,)) as pool:
+        pending: list[futures.Future[list[FileResult]]] = []
+        for chunk in chunks:
+            pending.append(pool.submit(_run_chunk, chunk, fix, unsafe))
+            while len(pending) >= workers * 4:  # bounded: memory stays flat on huge trees
+                yield from pending.pop(0).result()
+        for future in pending:
+            yield from future.result()
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+class _Progress:
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
+        self.stream, self.enabled, self.count, self.last = stream, enabled, 0, 0.0
+
+    def tick(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self.enabled and now - self.last > 0.2:
+            self.last = now
+            self.stream.write(f"\rbnfix: {self.count} files checked")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.last:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
+               stderr: TextIO = sys.stderr) -> Outcome:
+    """Run over the paths: results, remaining diagnostics, fixes written (unless --diff)."""
+    paths = [Path(p) for p in (options.paths or ["."])]
+    for path in paths:
+        if not path.exists() and not path.is_symlink():
+            raise UsageError(f"{path}: no such file or directory")
+    candidates = discover(
+        paths,
+        root=settings.root,
+        exclude=settings.exclude,
+        extend_exclude=settings.extend_exclude,
+        respect_gitignore=settings.respect_gitignore,
+        force_exclude=options.force_exclude,
+    )
+    show = options.progress if options.progress is not None else stderr.isatty()
+    progress = _Progress(stderr, show)
+    outcome = Outcome([], [], 0, [], [])
+    fixing = options.fix or options.diff
+    for result in run_files(engine, settings, candidates, fix=fixing,
+                            unsafe=options.unsafe_fixes, jobs=options.jobs):
+        progress.tick()
+        outcome.errors.extend(result.notes)
+        if result.changed:
+            if options.diff:
+                outcome.changed.append(result)
+            else:
+                try:
+                    write_atomic(Path(result.path), result.new_text or "", result.encoding)
+                except (OSError, UnicodeEncodeError) as exc:
+                    outcome.errors.append(f"{result.path}: cannot write the fixed file ({exc}); "
+                                          "it is unchanged")
+                    result.diagnostics = result.fixed + result.diagnostics
+                    result.fixed = []
+                else:
+                    outcome.changed.append(result)
+        outcome.fixed += len(result.fixed)
+        outcome.remaining.extend(result.diagnostics)
+        if result.diagnostics or result.changed:
+            # keep what reporting needs, not every file's text
+            result.original = result.original if options.diff else None
+            outcome.results.append(result)
+    progress.done()
+    return outcome
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+def run(options: LintOptions, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout,
+        stderr: TextIO = sys.stderr) -> int:
+    """`bnfix check`: returns the exit code (0 clean, 1 findings remain, 2 usage error)."""
+    if options.output_format not in formats.FORMATS:
+        raise UsageError(f"unknown output format `{options.output_format}` "
+                         f"(one of {', '.join(formats.FORMATS)})")
+    use_stdin = options.paths == ["-"] or (options.stdin_filename is not None and not options.paths)
+    start = Path(options.stdin_filename).parent if use_stdin and options.stdin_filename else Path(
+        options.paths[0] if options.paths else ".")
+    book, settings, engine = prepare(options, start)
+    if use_stdin:
+        return _run_stdin(options, book, settings, engine, stdin, stdout, stderr)
+    outcome = lint_paths(options, engine, settings, stderr)
+    for line in outcome.errors:
+        stderr.write(f"bnfix: {line}\n")
+    if options.diff:
+        for result in outcome.changed:
+            stdout.write(formats.unified_diff(result))
+        fixes = sum(len(r.fixed) for r in outcome.changed)
+        stderr.write(f"Would fix {fixes} error{'s' if fixes != 1 else ''}.\n" if fixes
+                     else "No errors would be fixed.\n")
+        return 0 if options.exit_zero or not outcome.changed else 1
+    _report(options, book, outcome.remaining, outcome.fixed, stdout)
+    return 0 if options.exit_zero or not outcome.remaining else 1
+
+
+def _report(options: LintOptions, book: RuleBook, remaining: list[Diagnostic], fixed: int,
+            stdout: TextIO) -> None:
+    human = options.output_format in ("full", "concise")
+    if options.statistics:
+        stdout.write(formats.statistics(remaining, book, options.unsafe_fixes))
+    else:
+        stdout.write(formats.render(options.output_format, remaining, book, options.unsafe_fixes))
+    if human:
+        if remaining and options.output_format == "full" and not options.statistics:
+            stdout.write("\n")
+        stdout.write(formats.summary(remaining, fixed, options.unsafe_fixes))
+
+
+def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine: Engine,
+               stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    name = options.stdin_filename or "-"
+    text = stdin.read()
+    ignored = settings.ignored_for(Path(name), book)
+    if not (options.fix or options.diff):
+        remaining = engine.diagnose(text, name, ignored)
+        _report(options, book, remaining, 0, stdout)
+        return 0 if options.exit_zero or not remaining else 1
+    result = engine.fix_text(text, name, options.unsafe_fixes, ignored)
+    for line in result.notes:
+        stderr.write(f"bnfix: {line}\n")
+    if options.diff:
+        if result.changed:
+            stdout.write(formats.unified_diff(result))
+        return 0 if options.exit_zero or not result.changed else 1
+    stdout.write(result.new_text if result.new_text is not None else text)
+    _report(options, book, result.diagnostics, len(result.fixed), stderr)
+    return 0 if options.exit_zero or not result.diagnostics else 1

@@ -1,0 +1,326 @@
+"""The rule book and the BN API catalogue, loaded from the TOML files in `rules/`.
+
+Rules are data: code, name, documentation and examples live in `rules/BNxxx.toml`; the logic
+that decides a finding lives in `bnfix.checks`. The catalogue (`rules/catalogue/*.toml`) says
+which qualified names are BatchNorm APIs and how their arguments map onto bnfix's vocabulary,
+so supporting a new BN API is an edit of data, not of code.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bnfix.ir import ApiRef
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
+FIX_KINDS = ("safe", "unsafe", "display-only", "none")
+EXAMPLE_KINDS = ("valid", "invalid", "fix")
+
+
+class RuleBookError(Exception):
+    """A rule or catalogue file is malformed: names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Example:
+    kind: str  # valid | invalid | fix
+    source: str
+    lines: tuple[int, ...] = ()  # rows where an invalid example must be flagged
+    fixed: str | None = None  # the expected result of `fix --unsafe-fixes`
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class RuleDocs:
+    what: str
+    why: str
+    example: str
+    use_instead: str
+    fix_safety: str
+    references: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    summary: str
+    severity: str
+    fix: str
+    frameworks: tuple[str, ...]
+    triggers: tuple[str, ...]
+    docs: RuleDocs
+    examples: tuple[Example, ...]
+    path: Path
+
+    @property
+    def url(self) -> str:
+        return DOCS_URL.format(code=self.code)
+
+    def markdown(self) -> str:
+        """The rule's documentation in ruff's shape (what `bnfix rule CODE` prints)."""
+        fix_line = {
+            "safe": "Fix is always available.",
+            "unsafe": "Fix is sometimes available (unsafe: needs `--unsafe-fixes`).",
+            "display-only": "A suggested fix is shown, never applied.",
+            "none": "No fix is available.",
+        }[self.fix]
+        parts = [
+            f"# {self.name} ({self.code})",
+            "",
+            f"{self.summary}",
+            "",
+            f"Frameworks: {', '.join(self.frameworks)}. Severity: {self.severity}. {fix_line}",
+            "",
+            "## What it does",
+            self.docs.what.strip(),
+            "",
+            "## Why is this bad?",
+            self.docs.why.strip(),
+            "",
+            "## Example",
+            "```python",
+            self.docs.example.strip("\n"),
+            "```",
+            "",
+            "## Use instead",
+            "```python",
+            self.docs.use_instead.strip("\n"),
+            "```",
+            "",
+            "## Fix safety",
+            self.docs.fix_safety.strip(),
+        ]
+        if self.docs.references:
+            parts += ["", "## References", *(f"- {ref}" for ref in self.docs.references)]
+        return "\n".join(parts) + "\n"
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    """One catalogue entry: a BN API and how to read its arguments."""
+
+    id: str
+    framework: str
+    kind: str
+    names: tuple[str, ...]
+    params: tuple[str, ...]
+    call_params: tuple[str, ...]
+    canonical: dict[str, str]
+    defaults: dict[str, object]
+    trainable_semantics: str
+    updates: str
+    momentum_convention: str
+    synced: bool
+    synced_counterpart: str | None
+
+    def canonical_name(self, param: str) -> str:
+        return self.canonical.get(param, param)
+
+    @functools.cached_property
+    def ref(self) -> ApiRef:
+        return ApiRef(
+            id=self.id,
+            framework=self.framework,
+            kind=self.kind,
+            trainable_semantics=self.trainable_semantics,
+            updates=self.updates,
+            momentum_convention=self.momentum_convention,
+            synced=self.synced,
+            defaults=dict(self.defaults),
+            names={canon: name for name, canon in self.canonical.items()},
+        )
+
+
+@dataclass
+class Catalogue:
+    """Qualified name -> BN API, plus the TF1 training-graph vocabulary for context analysis."""
+
+    apis: dict[str, ApiSpec] = field(default_factory=dict)  # by normalized qualified name
+    aliases: list[tuple[str, str]] = field(default_factory=list)  # longest prefix first
+    tf1: dict[str, Any] = field(default_factory=dict)
+
+    def normalize(self, qualname: str) -> str:
+        """Rewrite known alias prefixes (`tensorflow.compat.v1.` -> `tensorflow.`) to fixpoint."""
+        for _ in range(4):
+            for prefix, replace in self.aliases:
+                if qualname.startswith(prefix):
+                    qualname = replace + qualname[len(prefix) :]
+                    break
+            else:
+                return qualname
+        return qualname
+
+    def lookup(self, qualname: str) -> ApiSpec | None:
+        return self.apis.get(self.normalize(qualname))
+
+    @functools.cached_property
+    def trigger_words(self) -> tuple[str, ...]:
+        """The last component of every BN API name: a file without any of them has no BN."""
+        return tuple(sorted({name.rsplit(".", 1)[-1] for name in self.apis}))
+
+
+@dataclass
+class RuleBook:
+    rules: dict[str, Rule]
+    catalogue: Catalogue
+
+    def get(self, code: str) -> Rule | None:
+        return self.rules.get(code.upper())
+
+    def by_name(self, name: str) -> Rule | None:
+        return next((r for r in self.rules.values() if r.name == name), None)
+
+    def expand(self, selectors: list[str]) -> set[str]:
+        """Codes matched by selectors: `ALL`, a full code, a prefix (`BN0`), or a rule name."""
+        out: set[str] = set()
+        for sel in selectors:
+            sel = sel.strip()
+            if not sel:
+                continue
+            if sel.upper() == "ALL":
+                out |= set(self.rules)
+                continue
+            rule = self.by_name(sel)
+            if rule is not None:
+                out.add(rule.code)
+                continue
+            matched = {code for code in self.rules if code.startswith(sel.upper())}
+            if not matched:
+                raise RuleBookError(f"unknown rule selector `{sel}` (see `bnfix rules`)")
+            out |= matched
+        return out
+
+
+def _rules_root() -> Path:
+    return Path(str(resources.files("bnfix.rules")))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RuleBookError(f"{path}: cannot read rule data: {exc}") from exc
+
+
+def _require(data: dict[str, Any], key: str, path: Path) -> Any:
+    if key not in data:
+        raise RuleBookError(f"{path}: missing required key `{key}`")
+    return data[key]
+
+
+def _load_rule(path: Path) -> Rule:
+    data = _read_toml(path)
+    docs = _require(data, "docs", path)
+    fix = _require(data, "fix", path)
+    if fix not in FIX_KINDS:
+        raise RuleBookError(f"{path}: fix must be one of {FIX_KINDS}, not `{fix}`")
+    examples = []
+    for i, ex in enumerate(data.get("examples", [])):
+        kind = _require(ex, "kind", path)
+        if kind not in EXAMPLE_KINDS:
+            raise RuleBookError(f"{path}: example {i}: kind must be one of {EXAMPLE_KINDS}")
+        if kind == "fix" and "fixed" not in ex:
+            raise RuleBookError(f"{path}: example {i}: a fix example needs `fixed`")
+        examples.append(
+            Example(
+                kind=kind,
+                source=_require(ex, "source", path),
+                lines=tuple(ex.get("lines", ())),
+                fixed=ex.get("fixed"),
+                name=ex.get("name", f"{kind}-{i}"),
+            )
+        )
+    code = _require(data, "code", path)
+    if path.stem != code:
+        raise RuleBookError(f"{path}: file name must be the rule code `{code}`")
+    return Rule(
+        code=code,
+        name=_require(data, "name", path),
+        summary=_require(data, "summary", path),
+        severity=data.get("severity", "error"),
+        fix=fix,
+        frameworks=tuple(data.get("frameworks", ())),
+        triggers=tuple(data.get("triggers", ())),
+        docs=RuleDocs(
+            what=_require(docs, "what", path),
+            why=_require(docs, "why", path),
+            example=_require(docs, "example", path),
+            use_instead=_require(docs, "use_instead", path),
+            fix_safety=_require(docs, "fix_safety", path),
+            references=tuple(docs.get("references", ())),
+        ),
+        examples=tuple(examples),
+        path=path,
+    )
+
+
+def _load_catalogue(folder: Path) -> Catalogue:
+    cat = Catalogue()
+    aliases: list[tuple[str, str]] = []
+    for path in sorted(folder.glob("*.toml")):
+        data = _read_toml(path)
+        for alias in data.get("alias", []):
+            aliases.append((alias["prefix"], alias["replace"]))
+        for entry in data.get("api", []):
+            spec = ApiSpec(
+                id=_require(entry, "id", path),
+                framework=_require(entry, "framework", path),
+                kind=_require(entry, "kind", path),
+                names=tuple(_require(entry, "names", path)),
+                params=tuple(entry.get("params", ())),
+                call_params=tuple(entry.get("call_params", ())),
+                canonical=dict(entry.get("canonical", {})),
+                defaults=dict(entry.get("defaults", {})),
+                trainable_semantics=entry.get("trainable_semantics", "none"),
+                updates=entry.get("updates", "manual"),
+                momentum_convention=entry.get("momentum_convention", "none"),
+                synced=bool(entry.get("synced", False)),
+                synced_counterpart=entry.get("synced_counterpart"),
+            )
+            for name in spec.names:
+                if name in cat.apis:
+                    raise RuleBookError(f"{path}: `{name}` is in two catalogue entries")
+                cat.apis[name] = spec
+        for key in ("functions", "methods", "collections", "train_ops", "variable_sources",
+                    "collection_sources"):
+            if key in data:
+                cat.tf1.setdefault(key, {}).update(data[key])
+    cat.aliases = sorted(aliases, key=lambda a: -len(a[0]))
+    return cat
+
+
+def load_rulebook(root: Path | None = None) -> RuleBook:
+    """Load every rule file and the catalogue (cached for the default location)."""
+    if root is None:
+        return _default_rulebook()
+    rules = {}
+    for path in sorted(root.glob("BN*.toml")):
+        rule = _load_rule(path)
+        rules[rule.code] = rule
+    return RuleBook(rules=rules, catalogue=_load_catalogue(root / "catalogue"))
+
+
+@functools.lru_cache(maxsize=1)
+def _default_rulebook() -> RuleBook:
+    return load_rulebook(_rules_root())
+
+
+def rules_table_markdown(book: RuleBook) -> str:
+    """The README's rule table, generated from the rule files."""
+    rows = ["| code | name | summary | fix |", "|---|---|---|---|"]
+    for code in sorted(book.rules):
+        rule = book.rules[code]
+        rows.append(f"| {code} | {rule.name} | {rule.summary} | {rule.fix} |")
+    return "\n".join(rows) + "\n"

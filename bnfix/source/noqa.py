@@ -1,0 +1,56 @@
+"""Suppression comments: `# noqa`, `# noqa: BN001,BN002` on a finding's first or last row,
+and file-level `# bnfix: noqa` / `# bnfix: noqa: BN001` on a line of its own."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bnfix.source.text import SourceText
+
+_LINE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
+_FILE = re.compile(
+    r"^\s*#\s*bnfix\s*:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?\s*$",
+    re.I | re.M,
+)
+_SPLIT = re.compile(r"[\s,]+")
+
+ALL = frozenset({"*"})
+
+
+def _codes(group: str | None) -> frozenset[str]:
+    if not group:
+        return ALL
+    return frozenset(c.upper() for c in _SPLIT.split(group.strip()) if c)
+
+
+@dataclass
+class Suppressions:
+    file_codes: frozenset[str]
+    text: SourceText
+
+    @staticmethod
+    def scan(text: SourceText) -> Suppressions:
+        codes: set[str] = set()
+        if "noqa" in text.text:
+            for match in _FILE.finditer(text.text):
+                codes |= _codes(match.group("codes"))
+        return Suppressions(frozenset(codes), text)
+
+    def suppressed(self, code: str, first_row: int, last_row: int) -> bool:
+        if "*" in self.file_codes or code in self.file_codes:
+            return True
+        if "noqa" not in self.text.text:
+            return False
+        for row in {first_row, last_row}:
+            line = self.text.line(row)
+            hash_at = line.find("#")
+            if hash_at < 0:
+                continue
+            match = _LINE.search(line, hash_at)
+            if match is None:
+                continue
+            codes = _codes(match.group("codes"))
+            if codes is ALL or code in codes:
+                return True
+        return False

@@ -1,0 +1,88 @@
+"""Reading and parsing a source file, with the two ways that can fail as plain sentences:
+BN901 (cannot read or decode) and BN900 (does not parse, Python 2 named as such)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+
+_PY2_HINTS = (
+    (re.compile(r"^\s*print\s+[^\s(=]"), "a `print` statement"),
+    (re.compile(r"^\s*exec\s+[\"'\w]"), "an `exec` statement"),
+    (re.compile(r"except\s+[\w.]+\s*,\s*\w+\s*:"), "`except X, e:`"),
+    (re.compile(r"^\s*raise\s+[\w.]+\s*,"), "`raise X, msg`"),
+    (re.compile(r"\b0[0-7]+\b"), "an old-style octal literal"),
+    (re.compile(r"\bur[\"']"), "a `ur''` string"),
+    (re.compile(r"<>"), "the `<>` operator"),
+    (re.compile(r"`[^`]+`"), "backtick repr"),
+)
+
+
+class SourceError(Exception):
+    """A file bnfix cannot analyse: `code` is BN900 or BN901, `row`/`col` where known."""
+
+    def __init__(self, code: str, message: str, row: int = 1, col: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.row = row
+        self.col = col
+
+
+@dataclass(frozen=True)
+class Decoded:
+    text: str
+    encoding: str  # as declared or detected; `utf-8-sig` keeps a BOM on write-back
+
+
+def decode(data: bytes) -> Decoded:
+    """Decode with the PEP 263 cookie / BOM, as the interpreter would."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        raise SourceError("BN901", f"cannot decode: {exc}") from exc
+    try:
+        return Decoded(data.decode(encoding), encoding)
+    except UnicodeDecodeError as exc:
+        row = data[: exc.start].count(b"\n") + 1
+        raise SourceError(
+            "BN901",
+            f"not valid {encoding} (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "declare the encoding with a `# -*- coding: ... -*-` line or re-save as UTF-8",
+            row,
+        ) from exc
+    except LookupError as exc:
+        raise SourceError("BN901", f"unknown encoding `{encoding}` declared") from exc
+
+
+def parse(text: str, path: str) -> ast.Module:
+    try:
+        return ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        row, col = exc.lineno or 1, max((exc.offset or 1) - 1, 0)
+        line = (exc.text or "").rstrip("\n")
+        hint = python2_hint(exc.msg, line)
+        if hint:
+            message = (f"Python 2 source ({hint}): bnfix analyses Python 3; port it "
+                       "(e.g. with 2to3 or pyupgrade) or exclude the file")
+        else:
+            message = f"syntax error: {exc.msg}" + (f": `{line.strip()}`" if line.strip() else "")
+        raise SourceError("BN900", message, row, col) from exc
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise SourceError("BN900", f"cannot parse: {exc}") from exc
+
+
+def python2_hint(message: str, line: str) -> str | None:
+    """What marks the failing line as Python 2, if anything does."""
+    if "Missing parentheses in call to 'print'" in message:
+        return "a `print` statement"
+    if "Missing parentheses in call to 'exec'" in message:
+        return "an `exec` statement"
+    code = line.split("#", 1)[0]
+    for pattern, what in _PY2_HINTS:
+        if pattern.search(code):
+            return what
+    return None

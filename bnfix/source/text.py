@@ -1,0 +1,95 @@
+"""Source text with a row index: converts CPython `ast` positions (UTF-8 byte columns) into
+character positions, and back into offsets for edits. Line endings are the file's own."""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from functools import cached_property
+
+from bnfix.ir import Pos, Span
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+class SourceText:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        starts = [0]
+        starts.extend(m.end() for m in _NEWLINE.finditer(text))
+        self._starts = starts
+
+    @property
+    def row_count(self) -> int:
+        return len(self._starts)
+
+    @cached_property
+    def newline(self) -> str:
+        match = _NEWLINE.search(self.text)
+        return match.group(0) if match else "\n"
+
+    def line(self, row: int) -> str:
+        """Row `row` (1-based) without its line ending."""
+        start = self._starts[row - 1]
+        end = self._starts[row] if row < len(self._starts) else len(self.text)
+        return self.text[start:end].rstrip("\r\n")
+
+    def line_with_ending(self, row: int) -> str:
+        start = self._starts[row - 1]
+        end = self._starts[row] if row < len(self._starts) else len(self.text)
+        return self.text[start:end]
+
+    def pos(self, lineno: int, byte_col: int) -> Pos:
+        """An `ast` position (1-based line, UTF-8 byte column) as a character position."""
+        line = self.line(lineno)
+        if line.isascii():
+            return Pos(lineno, byte_col)
+        return Pos(lineno, len(line.encode("utf-8")[:byte_col].decode("utf-8", "replace")))
+
+    def span(self, node: object) -> Span:
+        """The span of an `ast` node that has start and end positions."""
+        return Span(
+            self.pos(node.lineno, node.col_offset),  # type: ignore[attr-defined]
+            self.pos(node.end_lineno, node.end_col_offset),  # type: ignore[attr-defined]
+        )
+
+    def offset(self, pos: Pos) -> int:
+        return self._starts[pos.row - 1] + pos.col
+
+    def slice(self, span: Span) -> str:
+        return self.text[self.offset(span.start) : self.offset(span.end)]
+
+    def indentation(self, row: int) -> str:
+        line = self.line(row)
+        return line[: len(line) - len(line.lstrip(" \t"))]
+
+    def starts_row(self, pos: Pos) -> bool:
+        """Only whitespace precedes `pos` on its row."""
+        return not self.line(pos.row)[: pos.col].strip()
+
+    def ends_row(self, pos: Pos) -> bool:
+        """Only whitespace or a comment follows `pos` on its row."""
+        rest = self.line(pos.row)[pos.col :].strip()
+        return not rest or rest.startswith("#")
+
+    @cached_property
+    def indent_unit(self) -> str:
+        """The file's indentation step: the first indented row's indentation, else 4 spaces."""
+        for row in range(1, self.row_count + 1):
+            line = self.line(row)
+            if line.strip() and line[0] in " \t":
+                indent = self.indentation(row)
+                return "\t" if indent.startswith("\t") else " " * len(indent)
+        return "    "
+
+    @cached_property
+    def rows_inside_strings(self) -> frozenset[int]:
+        """Rows that begin inside a multi-line string: re-indenting them would change the
+        string's value. Tokenizes the file once, only when a structural edit needs it."""
+        inside: set[int] = set()
+        middle = getattr(tokenize, "FSTRING_MIDDLE", None)
+        for tok in tokenize.generate_tokens(io.StringIO(self.text, newline="").readline):
+            if tok.end[0] > tok.start[0] and (tok.type == tokenize.STRING or tok.type == middle):
+                inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
+        return frozenset(inside)

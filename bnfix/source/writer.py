@@ -1,0 +1,119 @@
+"""Lowering fixes to text edits and applying them.
+
+Rules emit edits against the IR's spans; structural edits (wrap rows in a block) are lowered
+here, with the file's own indentation and line endings. Application merges the fixes whose
+edits do not overlap, in one pass, and re-parses the result with CPython and LibCST: a fix
+that would not parse, or that LibCST cannot round-trip, is dropped and reported, never written.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field, replace
+
+import libcst
+
+from bnfix.ir import Edit, EditOp, Fix, Pos, Span, WrapStatements
+from bnfix.source.text import SourceText
+
+
+def lower(fix: Fix, text: SourceText) -> Fix:
+    """`fix` with every structural edit turned into plain text edits."""
+    if all(isinstance(e, Edit) for e in fix.edits):
+        return fix
+    return replace(fix, edits=tuple(_lower_op(op, text) for op in fix.edits))
+
+
+def _lower_op(op: EditOp, text: SourceText) -> Edit:
+    if isinstance(op, Edit):
+        return op
+    return _wrap(op, text)
+
+
+def _wrap(op: WrapStatements, text: SourceText) -> Edit:
+    """Replace rows first..last with a header at their indentation and the rows one level
+    deeper (rows that begin inside a multi-line string keep their text)."""
+    indent = text.indentation(op.first_row)
+    unit = text.indent_unit
+    inside = text.rows_inside_strings
+    nl = text.newline
+    lines = [indent + op.header]
+    for row in range(op.first_row, op.last_row + 1):
+        line = text.line(row)
+        lines.append(line if row in inside or not line.strip() else unit + line)
+    end = Pos(op.last_row, len(text.line(op.last_row)))
+    return Edit(Span(Pos(op.first_row, 0), end), nl.join(lines))
+
+
+@dataclass
+class Applied:
+    text: str
+    applied: list[int] = field(default_factory=list)  # indices of applied fixes
+    rejected: dict[int, str] = field(default_factory=dict)  # index -> why
+
+
+def _overlaps(a: Edit, b: Edit) -> bool:
+    if a.span.start == a.span.end and b.span.start == b.span.end:
+        return a.span.start == b.span.start
+    return a.span.start < b.span.end and b.span.start < a.span.end
+
+
+def _render(text: SourceText, edits: list[Edit]) -> str:
+    out = text.text
+    for edit in sorted(edits, key=lambda e: (e.span.start, e.span.end), reverse=True):
+        start, end = text.offset(edit.span.start), text.offset(edit.span.end)
+        out = out[:start] + edit.content + out[end:]
+    return out
+
+
+def parse_error(source: str) -> str | None:
+    """Why `source` would not be accepted (None when CPython and LibCST both parse it and
+    LibCST reproduces it byte for byte)."""
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        module = libcst.parse_module(source)
+    except libcst.ParserSyntaxError as exc:
+        return f"LibCST: {exc.message} (line {exc.raw_line})"
+    if module.code != source:
+        return "LibCST does not round-trip the result"
+    return None
+
+
+def apply_fixes(text: SourceText, fixes: list[Fix]) -> Applied:
+    """Apply every (lowered) fix whose edits do not overlap an already accepted one, in order
+    of position, then check the result parses; a fix that breaks it is dropped."""
+    plain = [[e for e in fix.edits if isinstance(e, Edit)] for fix in fixes]
+    order = sorted(range(len(fixes)), key=lambda i: min(
+        (e.span.start for e in fixes[i].edits if isinstance(e, Edit)), default=Pos(0, 0)))
+    accepted: list[int] = []
+    taken: list[Edit] = []
+    for i in order:
+        edits = plain[i]
+        if not edits or any(_overlaps(e, t) for e in edits for t in taken):
+            continue
+        accepted.append(i)
+        taken.extend(edits)
+    result = Applied(text.text)
+    if not accepted:
+        return result
+    candidate = _render(text, taken)
+    if parse_error(candidate) is None:
+        result.text, result.applied = candidate, accepted
+        return result
+    # Something breaks the file: keep each fix only if it parses alone and together.
+    good: list[int] = []
+    good_edits: list[Edit] = []
+    for i in accepted:
+        edits = plain[i]
+        error = parse_error(_render(text, good_edits + edits))
+        if error is None:
+            good.append(i)
+            good_edits.extend(edits)
+        else:
+            result.rejected[i] = error
+    result.text = _render(text, good_edits) if good else text.text
+    result.applied = good
+    return result

@@ -1,0 +1,1 @@
+"""The BN API catalogue: which qualified names are BatchNorm APIs, as data."""
