@@ -18,7 +18,9 @@ from bnfix.source.text import SourceText
 from bnfix.source.writer import apply_fixes, lower
 
 MAX_FIX_PASSES = 10
-BN_APIS = "@bn-apis"  # a rule trigger that stands for every BN API name in the catalogue
+# A rule trigger that stands for the BN API names of the catalogue (`@bn-apis:tensorflow`:
+# those of one framework): a file that mentions none of them cannot hold a BN site.
+BN_APIS = "@bn-apis"
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,15 @@ class Engine:
             raise ValueError(f"no such rules: {sorted(unknown)}")
         self.enabled = enabled
         self.checks = {code: checks[code] for code in sorted(enabled) if code in checks}
-        bn_words = _minimal_words(book.catalogue.trigger_words)
         self.triggers: dict[str, tuple[str, ...]] = {}
         for code in self.checks:
             words: list[str] = []
             for trigger in book.rules[code].triggers:
-                words.extend(bn_words if trigger == BN_APIS else (trigger,))
+                if trigger == BN_APIS or trigger.startswith(BN_APIS + ":"):
+                    framework = trigger.partition(":")[2] or None
+                    words.extend(book.catalogue.trigger_words(framework))
+                else:
+                    words.append(trigger)
             self.triggers[code] = _minimal_words(tuple(words)) if words else ()
 
     # -- analysis --------------------------------------------------------------------------

@@ -3,6 +3,7 @@ the rest (no whole-tree list is needed to start working)."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,30 +26,54 @@ class Candidate:
     explicit: bool  # named on the command line (checked even when excluded, unless forced)
 
 
-class _Ignores:
-    """The .gitignore files that apply below a folder (deepest last) plus exclude patterns."""
+class _Exclude:
+    """ruff's exclude semantics: a pattern matches an entry's name or its path relative to the
+    configuration root; only entries met during the walk are tested, so a folder named on the
+    command line is checked even when an ancestor would be excluded."""
 
-    def __init__(self, exclude: GitIgnoreSpec, root: Path, git: list[tuple[Path, GitIgnoreSpec]]):
-        self.exclude = exclude
+    def __init__(self, patterns: list[str], root: Path) -> None:
         self.root = root
+        self.names = [p.rstrip("/") for p in patterns if "/" not in p.rstrip("/")]
+        self.paths = [p.strip("/") for p in patterns if "/" in p.rstrip("/")]
+
+    def __call__(self, path: Path) -> bool:
+        if any(fnmatch.fnmatchcase(path.name, p) for p in self.names):
+            return True
+        if not self.paths:
+            return False
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            return False
+        return any(fnmatch.fnmatchcase(rel, p) for p in self.paths)
+
+    def covers(self, path: Path) -> bool:
+        """`path` or one of its folders below the root is excluded (for --force-exclude)."""
+        for candidate in (path, *path.parents):
+            if candidate == self.root or self.root not in candidate.parents:
+                break
+            if self(candidate):
+                return True
+        return self(path)
+
+
+class _Ignores:
+    """Exclude patterns plus the .gitignore files that apply below a folder (deepest last)."""
+
+    def __init__(self, exclude: _Exclude, git: list[tuple[Path, GitIgnoreSpec]]) -> None:
+        self.exclude = exclude
         self.git = git
 
     def child(self, folder: Path, respect_gitignore: bool) -> _Ignores:
         spec = _read_gitignore(folder / ".gitignore") if respect_gitignore else None
         if spec is None:
             return self
-        return _Ignores(self.exclude, self.root, [*self.git, (folder, spec)])
+        return _Ignores(self.exclude, [*self.git, (folder, spec)])
 
     def ignored(self, path: Path, is_dir: bool) -> bool:
+        if self.exclude(path):
+            return True
         suffix = "/" if is_dir else ""
-        if self.exclude.match_file(path.name + suffix):
-            return True
-        try:
-            rel = path.relative_to(self.root).as_posix()
-        except ValueError:
-            rel = None
-        if rel is not None and self.exclude.match_file(rel + suffix):
-            return True
         for base, spec in reversed(self.git):
             try:
                 rel_git = path.relative_to(base).as_posix()
@@ -85,11 +110,15 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     ignores = base
     info = _read_gitignore(root / ".git" / "info" / "exclude")
     if info is not None:
-        ignores = _Ignores(ignores.exclude, ignores.root, [*ignores.git, (root, info)])
+        ignores = _Ignores(ignores.exclude, [*ignores.git, (root, info)])
     chain = [p for p in (folder, *folder.parents) if p == root or root in p.parents]
     for parent in reversed(chain[1:]):
         ignores = ignores.child(parent, respect)
-    return ignores
+    # A folder named on the command line is walked even when an ancestor's .gitignore covers
+    # it (as ruff does): such a .gitignore would otherwise match everything below.
+    kept = [(base_dir, spec) for base_dir, spec in ignores.git
+            if spec.check_file(folder.relative_to(base_dir).as_posix() + "/").include is not True]
+    return _Ignores(ignores.exclude, kept)
 
 
 def discover(
@@ -103,21 +132,21 @@ def discover(
 ) -> Iterator[Candidate]:
     """Python files under `paths`, in a stable order, each once."""
     patterns = list(DEFAULT_EXCLUDE if exclude is None else exclude) + list(extend_exclude)
-    base = _Ignores(GitIgnoreSpec.from_lines(patterns), root.resolve(), [])
+    base = _Ignores(_Exclude(patterns, root.resolve()), [])
     seen: set[Path] = set()
     for given in paths:
         absolute = Path(os.path.abspath(given))
         if not absolute.is_dir():
             ignores = _ancestor_ignores(absolute.parent, base, respect_gitignore)
             ignores = ignores.child(absolute.parent, respect_gitignore)
-            if force_exclude and ignores.ignored(absolute, False):
+            if force_exclude and (ignores.ignored(absolute, False) or base.exclude.covers(absolute)):
                 continue
             if absolute not in seen:
                 seen.add(absolute)
                 yield Candidate(given, explicit=True)
             continue
         ignores = _ancestor_ignores(absolute, base, respect_gitignore)
-        if force_exclude and ignores.ignored(absolute, True):
+        if force_exclude and (ignores.ignored(absolute, True) or base.exclude.covers(absolute)):
             continue
         yield from _walk(given, absolute, ignores, respect_gitignore, seen)
 

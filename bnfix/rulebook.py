@@ -164,10 +164,11 @@ class Catalogue:
     def lookup(self, qualname: str) -> ApiSpec | None:
         return self.apis.get(self.normalize(qualname))
 
-    @functools.cached_property
-    def trigger_words(self) -> tuple[str, ...]:
-        """The last component of every BN API name: a file without any of them has no BN."""
-        return tuple(sorted({name.rsplit(".", 1)[-1] for name in self.apis}))
+    def trigger_words(self, framework: str | None = None) -> tuple[str, ...]:
+        """The last component of every BN API name (of one framework): a file that mentions
+        none of them holds no such BN site."""
+        return tuple(sorted({name.rsplit(".", 1)[-1] for name, spec in self.apis.items()
+                             if framework is None or spec.framework == framework}))
 
 
 @dataclass

@@ -103,7 +103,8 @@ def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
             f"`{site.call.callee}` is built with `trainable=False`{origin} but runs in training "
             f"mode (training is {mode}{where}): gamma and beta never train and stay at 1 and 0"
         )
-        yield Finding("BN001", site.span, message, _bn001_fix(site, bad, frozen))
+        span = direct.span if direct is not None else site.span
+        yield Finding("BN001", span, message, _bn001_fix(site, bad, frozen))
 
 
 def _bn001_fix(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Fix:
@@ -175,14 +176,14 @@ def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
             continue
         tower = get.tower
         where = "inside" if get.inside_tower else "after"
-        effect = (
-            "each iteration collects every tower built so far, so the list holds duplicates"
+        collects = (
+            "adds every tower built so far on each iteration (duplicates)"
             if get.inside_tower and get.usage == "accumulate"
-            else "it holds the update ops of every tower"
+            else "collects the update ops of every tower"
         )
         message = (
             f"`{get.call.callee}(UPDATE_OPS)` without a scope {where} the tower loop at line "
-            f"{tower.span.start.row}: {effect}, so the shared moving mean/variance are updated "
+            f"{tower.span.start.row} {collects}: the shared moving mean/variance are then updated "
             "once per tower each step; collect one tower's updates (its name scope)"
         )
         yield Finding("BN002", get.call.span, message, _bn002_fix(module, get, tower))
@@ -288,11 +289,12 @@ def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
             continue
         if direct:
             sources = ", ".join(f"`{t.text}`" for t in var_list.terms if "moving_stats" in t.tags)
-            origin = f" (from `{var_list.local_name}`)" if var_list.local_name else ""
+            origin = f" through `{var_list.local_name}`" if var_list.local_name else ""
             message = (
-                f"`{apply.call.callee}(...)` averages the batch-norm moving mean/variance"
-                f"{origin}: {sources} already holds exponential moving averages, so the EMA "
-                "shadows are averages of averages that lag behind; average trainable variables only"
+                f"`{apply.call.callee}(...)` also averages the BN moving mean/variance ({sources}"
+                f"{origin}): they are already exponential moving averages, so their EMA shadows "
+                "lag twice behind and are what an evaluation restore loads; average the trainable "
+                "variables only"
             )
             yield Finding("BN004", apply.call.span, message, _bn004_fix(module, var_list))
         else:

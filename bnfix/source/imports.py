@@ -36,9 +36,9 @@ class ImportTable:
                 continue
             self._names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
 
-    def unbind(self, name: str) -> None:
-        """A local assignment shadows an imported name."""
-        self._names.pop(name, None)
+    def bind(self, name: str, qualname: str) -> None:
+        """`name = tf.contrib.slim`: the name now stands for that qualified name."""
+        self._names[name] = qualname
 
     def qualname(self, node: ast.expr) -> str | None:
         """`tf.compat.v1.layers.batch_normalization` -> its qualified name, if the base is an

@@ -9,6 +9,7 @@ assignments and module constants. Rules never see the tree.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -171,6 +172,12 @@ class Lifter:
             self._expr(stmt.value, ctx, stmt)
             for target in stmt.targets:
                 self._bind_target(target, stmt.value, stmt, ctx, "assign")
+            if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
+                    isinstance(stmt.value, (ast.Attribute, ast.Name)):
+                # `slim = tf.contrib.slim`, `tf = tf.compat.v1`: an alias like an import
+                target = self.imports.qualname(stmt.value)
+                if target is not None:
+                    self.imports.bind(stmt.targets[0].id, target)
         elif isinstance(stmt, ast.AnnAssign):
             if stmt.value is not None:
                 self._expr(stmt.value, ctx, stmt)
@@ -352,21 +359,29 @@ class Lifter:
     def _expr(self, root: ast.expr, ctx: _Ctx, stmt: ast.stmt) -> None:
         """Visit every call in `root`, outermost first, knowing the calls around each."""
         fkey = _fkey(ctx.function)
+        loads = self.loads
         stack: list[tuple[ast.AST, tuple[ast.Call, ...]]] = [(root, ())]
         while stack:
             node, parents = stack.pop()
-            if isinstance(node, ast.Name):
-                if isinstance(node.ctx, ast.Load):
-                    self.loads[(fkey, node.id)] += 1
+            kind = type(node)
+            if kind is ast.Name:
+                if type(node.ctx) is ast.Load:  # type: ignore[attr-defined]
+                    loads[(fkey, node.id)] += 1  # type: ignore[attr-defined]
                 continue
-            if isinstance(node, ast.Call):
-                self._call(node, ctx, stmt, parents)
-                parents = (*parents, node)
-            elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
-                self.names.add(node.target.id)
-                self.defs[(fkey, node.target.id)].append(("assign", node.value, stmt))
-            for child in ast.iter_child_nodes(node):
-                stack.append((child, parents))
+            if kind is ast.Constant:
+                continue
+            if kind is ast.Call:
+                self._call(node, ctx, stmt, parents)  # type: ignore[arg-type]
+                parents = (*parents, node)  # type: ignore[assignment]
+            elif kind is ast.NamedExpr and isinstance(node.target, ast.Name):  # type: ignore[attr-defined]
+                self.names.add(node.target.id)  # type: ignore[attr-defined]
+                self.defs[(fkey, node.target.id)].append(("assign", node.value, stmt))  # type: ignore[attr-defined]
+            for field in _child_fields(kind):
+                value = getattr(node, field)
+                if type(value) is list:
+                    stack.extend((item, parents) for item in value if isinstance(item, ast.AST))
+                elif value is not None and not isinstance(value, (str, int, float)):
+                    stack.append((value, parents))
 
     def _qualname(self, func: ast.expr) -> str | None:
         qual = self.imports.qualname(func)
@@ -459,29 +474,45 @@ class Lifter:
                                           param.index)
 
     def _resolve_call_sites(self) -> None:
+        """Call sites of the functions that hold BN sites, and of their callers (three levels):
+        only those can change what a BN site receives, so only those are resolved."""
         by_name: dict[tuple[str | None, str], list[FunctionInfo]] = defaultdict(list)
         for function in self.functions:
             by_name[(function.class_name, function.name)].append(function)
-        for raw in self.local_calls:
-            func = raw.call.func
-            targets: list[FunctionInfo] = []
-            skip_self = False
-            if isinstance(func, ast.Name):
-                targets = by_name.get((None, func.id), [])
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-                owner = func.value.id
-                if owner in ("self", "cls"):
-                    targets = by_name.get((raw.ctx.function.class_name if raw.ctx.function else
-                                           raw.ctx.class_name, func.attr), [])
-                    if not targets:
-                        candidates = [f for f in self.functions if f.name == func.attr and f.class_name]
-                        targets = candidates if len(candidates) == 1 else []
-                    skip_self = True
-                else:
-                    targets = by_name.get((owner, func.attr), [])
-            for function in targets:
-                skip = skip_self and function.class_name is not None and id(function) not in self._static
-                function.call_sites.append(self._call_site(function, raw, skip))
+        needed = {id(raw.ctx.function) for raw, _, _ in self.bn_raw if raw.ctx.function}
+        done: set[tuple[int, int]] = set()
+        for _ in range(3):
+            callers: set[int] = set()
+            for raw in self.local_calls:
+                for function, skip in self._targets(raw, by_name):
+                    key = (id(raw.call), id(function))
+                    if id(function) not in needed or key in done:
+                        continue
+                    done.add(key)
+                    function.call_sites.append(self._call_site(function, raw, skip))
+                    if raw.ctx.function is not None:
+                        callers.add(id(raw.ctx.function))
+            if callers <= needed:
+                break
+            needed |= callers
+
+    def _targets(self, raw: _Raw, by_name: dict[tuple[str | None, str], list[FunctionInfo]]
+                 ) -> list[tuple[FunctionInfo, bool]]:
+        """The module's functions a call may reach, and whether `self` is bound implicitly."""
+        func = raw.call.func
+        if isinstance(func, ast.Name):
+            return [(f, False) for f in by_name.get((None, func.id), [])]
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+            return []
+        owner = func.value.id
+        if owner not in ("self", "cls"):
+            return [(f, False) for f in by_name.get((owner, func.attr), [])]
+        cls = raw.ctx.function.class_name if raw.ctx.function else raw.ctx.class_name
+        targets = by_name.get((cls, func.attr), [])
+        if not targets:
+            candidates = [f for f in self.functions if f.name == func.attr and f.class_name]
+            targets = candidates if len(candidates) == 1 else []
+        return [(f, f.class_name is not None and id(f) not in self._static) for f in targets]
 
     def _call_site(self, function: FunctionInfo, raw: _Raw, skip_first: bool) -> CallSite:
         call = raw.call
@@ -843,6 +874,13 @@ class Lifter:
             trailing_comma="," in _strip_comments(between),
             multiline=span.start.row != span.end.row,
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of an ast node class that can hold expressions (not `ctx`, not names)."""
+    return tuple(f for f in kind._fields if f not in ("ctx", "op", "attr", "id", "arg", "kind",
+                                                       "conversion", "type_comment"))
 
 
 def _strip_comments(text: str) -> str:

@@ -43,11 +43,10 @@ class Suppressions:
         if "noqa" not in self.text.text:
             return False
         for row in {first_row, last_row}:
-            line = self.text.line(row)
-            hash_at = line.find("#")
-            if hash_at < 0:
+            comment = self.text.comments.get(row)
+            if comment is None:
                 continue
-            match = _LINE.search(line, hash_at)
+            match = _LINE.search(comment)
             if match is None:
                 continue
             codes = _codes(match.group("codes"))

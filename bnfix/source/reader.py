@@ -43,7 +43,9 @@ def decode(data: bytes) -> Decoded:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
-        raise SourceError("BN901", f"cannot decode: {exc}") from exc
+        if "unknown encoding" in str(exc):
+            raise SourceError("BN901", f"{exc}; declare a codec Python knows") from exc
+        encoding = "utf-8"  # undecodable bytes in the first two rows: located below
     try:
         return Decoded(data.decode(encoding), encoding)
     except UnicodeDecodeError as exc:

@@ -84,6 +84,18 @@ class SourceText:
         return "    "
 
     @cached_property
+    def comments(self) -> dict[int, str]:
+        """Row -> the comment on it (tokenized once, only when a suppression check needs it)."""
+        out: dict[int, str] = {}
+        try:
+            for tok in tokenize.generate_tokens(io.StringIO(self.text, newline="").readline):
+                if tok.type == tokenize.COMMENT:
+                    out[tok.start[0]] = tok.string
+        except (tokenize.TokenError, SyntaxError):
+            pass  # a file that parsed always tokenizes; a partial result is still right
+        return out
+
+    @cached_property
     def rows_inside_strings(self) -> frozenset[int]:
         """Rows that begin inside a multi-line string: re-indenting them would change the
         string's value. Tokenizes the file once, only when a structural edit needs it."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field, replace
 
-import libcst
-
 from bnfix.ir import Edit, EditOp, Fix, Pos, Span, WrapStatements
 from bnfix.source.text import SourceText
 
@@ -73,6 +71,8 @@ def parse_error(source: str) -> str | None:
         ast.parse(source)
     except (SyntaxError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
+    import libcst  # imported only when a fix is applied: it costs ~0.3 s to import
+
     try:
         module = libcst.parse_module(source)
     except libcst.ParserSyntaxError as exc:
