@@ -1,0 +1,59 @@
+"""Shared helpers: run the CLI as a real subprocess, write source trees to disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "fixtures"
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_bnfix(*args: str, cwd: Path | None = None, stdin: str | None = None,
+              env: dict[str, str] | None = None, timeout: float = 120) -> Run:
+    """`python -m bnfix ARGS` in a subprocess, as a user runs it."""
+    full_env = {**os.environ, "PYTHONIOENCODING": "utf-8", **(env or {})}
+    full_env.pop("PRE_COMMIT", None)
+    proc = subprocess.run([sys.executable, "-m", "bnfix", *args], cwd=cwd, input=stdin,
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def write_tree(root: Path, files: dict[str, str | bytes]) -> Path:
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(textwrap.dedent(content).lstrip("\n"), encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def tree(tmp_path: Path):
+    """write_tree bound to a fresh temporary folder."""
+    def make(files: dict[str, str | bytes]) -> Path:
+        return write_tree(tmp_path, files)
+    return make
+
+
+def has_tf1_layers() -> bool:
+    """TensorFlow with tf-keras installed (TF1 layers available under TF_USE_LEGACY_KERAS)."""
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None and \
+        importlib.util.find_spec("tf_keras") is not None

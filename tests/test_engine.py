@@ -1,0 +1,147 @@
+"""The engine: one pass of all rules, suppressions, and fix application that never writes a
+file that does not parse and never touches what it does not fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+from bnfix import check_source, fix_source, load_rulebook
+from bnfix.engine import Engine
+from bnfix.ir import Applicability, Edit, Fix, Pos, Span, WrapStatements
+from bnfix.source.text import SourceText
+from bnfix.source.writer import apply_fixes, lower
+
+SEED = textwrap.dedent('''
+    import tensorflow as tf
+
+    def bn(x, training, trainable=False):
+        return tf.layers.batch_normalization(x, training=training, trainable=trainable)
+
+    net = bn(images, training=True)
+    ema = tf.train.ExponentialMovingAverage(0.99)
+    op = ema.apply(tf.global_variables())
+    train_op = opt.minimize(loss)
+''').lstrip()
+
+
+def codes(source: str) -> list[str]:
+    return [d.code for d in check_source(source, "m.py")]
+
+
+def test_all_rules_in_one_pass():
+    assert codes(SEED) == ["BN001", "BN004", "BN003"]
+
+
+def test_safe_fixes_only_by_default():
+    result = fix_source(SEED, "m.py")
+    assert result.text == SEED and not result.fixed
+    assert {d.fix.applicability for d in result.remaining} == {Applicability.UNSAFE}
+
+
+def test_fix_changes_only_what_it_fixes_and_is_idempotent():
+    result = fix_source(SEED, "m.py", unsafe_fixes=True)
+    assert [d.code for d in result.fixed] == ["BN001", "BN004", "BN003"]
+    assert result.remaining == []
+    changed = [(a, b) for a, b in zip(SEED.splitlines(), result.text.splitlines()) if a != b]
+    assert changed[0] == ("def bn(x, training, trainable=False):", "def bn(x, training, trainable=True):")
+    assert "op = ema.apply(tf.trainable_variables())" in result.text
+    assert result.text.endswith(
+        "with tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS)):\n"
+        "    train_op = opt.minimize(loss)\n")
+    assert fix_source(result.text, "m.py", unsafe_fixes=True).text == result.text
+
+
+def test_crlf_line_endings_and_tabs_are_kept():
+    source = SEED.replace("\n", "\r\n").replace("    ", "\t")
+    result = fix_source(source, "m.py", unsafe_fixes=True)
+    assert "\n" not in result.text.replace("\r\n", "")
+    assert "\r\n\ttrain_op = opt.minimize(loss)\r\n" in result.text
+    assert "def bn(x, training, trainable=True):\r\n\treturn" in result.text
+
+
+def test_wrapping_never_reindents_a_multiline_string():
+    source = textwrap.dedent('''
+        import tensorflow as tf
+
+        net = tf.layers.batch_normalization(x, training=True)
+        train_op = opt.minimize(loss, name="""step
+        with a long
+        name""")
+    ''').lstrip()
+    result = fix_source(source, "m.py", unsafe_fixes=True)
+    assert '    train_op = opt.minimize(loss, name="""step\nwith a long\nname""")' in result.text
+
+
+def test_overlapping_fixes_are_applied_in_later_passes():
+    text = SourceText("a = 1\n")
+    first = Fix(Applicability.SAFE, "one", (Edit(Span(Pos(1, 4), Pos(1, 5)), "2"),))
+    second = Fix(Applicability.SAFE, "two", (Edit(Span(Pos(1, 0), Pos(1, 5)), "b = 3"),))
+    applied = apply_fixes(text, [second, first])
+    assert applied.applied == [0] or applied.applied == [1]
+    assert len(applied.applied) == 1
+
+
+def test_a_fix_that_would_not_parse_is_dropped_and_reported():
+    text = SourceText("x = 1\ny = 2\n")
+    good = Fix(Applicability.SAFE, "good", (Edit(Span(Pos(1, 4), Pos(1, 5)), "10"),))
+    bad = Fix(Applicability.SAFE, "bad", (Edit(Span(Pos(2, 4), Pos(2, 5)), "(("),))
+    applied = apply_fixes(text, [good, bad])
+    assert applied.text == "x = 10\ny = 2\n"
+    assert applied.applied == [0] and 1 in applied.rejected
+    assert "SyntaxError" in applied.rejected[1] or "parse" in applied.rejected[1]
+
+
+def test_engine_reports_a_dropped_fix(monkeypatch):
+    book = load_rulebook()
+    engine = Engine(book, frozenset({"BN004"}))
+    broken = Fix(Applicability.UNSAFE, "broken", (Edit(Span(Pos(3, 0), Pos(3, 2)), "(("),))
+    check = engine.checks["BN004"]
+
+    def with_broken_fix(module):
+        for finding in check(module):
+            yield type(finding)(finding.code, finding.span, finding.message, broken)
+
+    monkeypatch.setitem(engine.checks, "BN004", with_broken_fix)
+    source = "import tensorflow as tf\nema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n"
+    result = engine.fix_text(source, "m.py", unsafe=True)
+    assert result.new_text is None, "nothing is written"
+    assert [d.code for d in result.diagnostics] == ["BN004"]
+    assert result.notes and "fix for BN004 dropped" in result.notes[0]
+
+
+def test_lower_wraps_rows_with_the_file_indentation():
+    text = SourceText("if x:\n  a = 1\n  b = [\n    2]\n")
+    fix = lower(Fix(Applicability.SAFE, "w", (WrapStatements(2, 4, "with s:"),)), text)
+    (edit,) = fix.edits
+    assert edit.content == "  with s:\n    a = 1\n    b = [\n      2]"
+
+
+def test_noqa_line_and_file_level():
+    line = SEED.replace("op = ema.apply(tf.global_variables())",
+                        "op = ema.apply(tf.global_variables())  # noqa: BN004")
+    assert codes(line) == ["BN001", "BN003"]
+    blanket = SEED.replace("train_op = opt.minimize(loss)", "train_op = opt.minimize(loss)  # noqa")
+    assert codes(blanket) == ["BN001", "BN004"]
+    other = SEED.replace("train_op = opt.minimize(loss)", "train_op = opt.minimize(loss)  # noqa: BN001")
+    assert codes(other) == ["BN001", "BN004", "BN003"]
+    assert codes("# bnfix: noqa: BN001, BN003\n" + SEED) == ["BN004"]
+    assert codes("# bnfix: noqa\n" + SEED) == []
+    in_string = SEED.replace("train_op = opt.minimize(loss)", "train_op = opt.minimize(loss, name='# noqa')")
+    assert codes(in_string) == ["BN001", "BN004", "BN003"], "a `# noqa` inside a string is not a comment"
+
+
+def test_python2_and_syntax_errors_are_bn900():
+    (py2,) = check_source("import tensorflow as tf\nprint 'bn', tf.layers.batch_normalization\n", "p.py")
+    assert py2.code == "BN900" and "Python 2 source" in py2.message and py2.span.start.row == 2
+    (err,) = check_source("import tensorflow as tf\nbn = tf.layers.batch_normalization(x\n", "e.py")
+    assert err.code == "BN900" and "syntax error" in err.message
+
+
+def test_files_without_bn_are_not_parsed():
+    assert check_source("this is not python (((", "x.py") == []
+
+
+def test_select_and_ignore():
+    assert [d.code for d in check_source(SEED, "m.py", select=["BN00"], ignore=["BN001"])] == \
+        ["BN004", "BN003"]
+    assert [d.code for d in check_source(SEED, "m.py", select=["double-ema-of-bn-stats"])] == ["BN004"]

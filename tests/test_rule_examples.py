@@ -1,0 +1,51 @@
+"""Every example in every rule file runs here: invalid examples must be flagged on exactly the
+listed rows, valid ones must not be, fix examples must produce `fixed` (and fixing that again
+must change nothing). The docs' Example / Use instead pair is checked the same way."""
+
+from __future__ import annotations
+
+import pytest
+
+from bnfix import check_source, fix_source, load_rulebook
+from bnfix.checks import ENGINE_CODES
+
+BOOK = load_rulebook()
+CASES = [
+    pytest.param(rule, example, id=f"{code}-{example.kind}-{example.name}")
+    for code, rule in sorted(BOOK.rules.items())
+    for example in rule.examples
+]
+
+
+def _rows(code: str, source: str) -> list[int]:
+    return sorted(d.span.start.row for d in check_source(source, "example.py") if d.code == code)
+
+
+@pytest.mark.parametrize(("rule", "example"), CASES)
+def test_example(rule, example):
+    rows = _rows(rule.code, example.source)
+    if example.kind == "valid":
+        assert rows == [], f"{rule.code} flagged a valid example at rows {rows}"
+        return
+    assert rows == sorted(example.lines)
+    if example.kind == "fix":
+        result = fix_source(example.source, "example.py", unsafe_fixes=True)
+        assert result.text == example.fixed
+        assert _rows(rule.code, result.text) == []
+        again = fix_source(result.text, "example.py", unsafe_fixes=True)
+        assert again.text == result.text, "fixing twice must equal fixing once"
+
+
+@pytest.mark.parametrize("code", sorted(set(BOOK.rules) - {"BN901"}))
+def test_docs_example_pair(code):
+    rule = BOOK.rules[code]
+    assert _rows(code, rule.docs.example), f"{code}: the docs Example is not flagged"
+    assert _rows(code, rule.docs.use_instead) == [], f"{code}: the docs Use instead is flagged"
+
+
+@pytest.mark.parametrize("code", sorted(set(BOOK.rules) - ENGINE_CODES))
+def test_every_rule_has_invalid_valid_and_fix_examples(code):
+    kinds = {e.kind for e in BOOK.rules[code].examples}
+    assert {"valid", "invalid"} <= kinds | ({"invalid"} if "fix" in kinds else set())
+    if BOOK.rules[code].fix in ("safe", "unsafe"):
+        assert "fix" in kinds, f"{code} has a fix but no fix example"

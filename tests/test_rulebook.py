@@ -1,0 +1,89 @@
+"""The rule book is data: its files are complete and consistent with the checks, the CLI
+prints exactly their documentation, and the README's rule table is generated from them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bnfix.checks import ENGINE_CODES, registry
+from bnfix.rulebook import RuleBookError, load_rulebook, rules_table_markdown
+from conftest import REPO, run_bnfix
+
+BOOK = load_rulebook()
+
+
+def test_every_rule_file_has_a_check_and_every_check_a_rule_file():
+    assert set(registry()) | ENGINE_CODES == set(BOOK.rules)
+
+
+@pytest.mark.parametrize("code", sorted(BOOK.rules))
+def test_rule_file_shape(code):
+    rule = BOOK.rules[code]
+    assert re.fullmatch(r"BN\d{3}", rule.code)
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule.name), "names are kebab-case"
+    assert rule.summary and rule.docs.what.strip() and rule.docs.why.strip()
+    assert rule.docs.fix_safety.strip()
+    assert rule.severity in ("error", "warning")
+
+
+def test_names_are_unique():
+    names = [r.name for r in BOOK.rules.values()]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("code", ["BN001", "BN004", "BN900"])
+def test_rule_command_prints_the_rule_file(code):
+    run = run_bnfix("rule", code)
+    assert run.returncode == 0
+    assert run.stdout == BOOK.rules[code].markdown()
+    for heading in ("## What it does", "## Why is this bad?", "## Example", "## Use instead",
+                    "## Fix safety"):
+        assert heading in run.stdout
+
+
+def test_rule_by_name_and_unknown_rule():
+    assert run_bnfix("rule", "double-ema-of-bn-stats").stdout == BOOK.rules["BN004"].markdown()
+    bad = run_bnfix("rule", "BN999")
+    assert bad.returncode == 2 and "no rule `BN999`" in bad.stderr
+
+
+def test_rules_command_lists_every_rule():
+    run = run_bnfix("rules")
+    assert run.returncode == 0
+    for code, rule in BOOK.rules.items():
+        assert f"{code}  {rule.name}" in run.stdout
+
+
+def test_readme_rule_table_is_generated_from_the_rule_files():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start, end = "<!-- rules:start -->\n", "<!-- rules:end -->"
+    table = readme[readme.index(start) + len(start): readme.index(end)]
+    assert table == rules_table_markdown(BOOK), "run `bnfix rules --output-format markdown`"
+
+
+def test_catalogue_entries_are_consistent():
+    vocabulary = {"training", "trainable", "momentum", "epsilon", "center", "scale", "affine",
+                  "track_running_stats", "synchronized"}
+    for name, spec in BOOK.catalogue.apis.items():
+        assert BOOK.catalogue.normalize(name) == name, f"{name} is shadowed by an alias"
+        params = set(spec.params) | set(spec.call_params)
+        for written in spec.canonical:
+            assert written in params, f"{spec.id}: canonical maps unknown parameter {written}"
+        canon = {spec.canonical_name(p) for p in params}
+        for key in spec.defaults:
+            assert key in canon or key in vocabulary, f"{spec.id}: default for unknown {key}"
+        assert spec.momentum_convention in ("tf", "torch", "none")
+        assert spec.updates in ("update_ops", "layer", "module", "manual", "inline")
+
+
+def test_malformed_rule_file_is_reported_with_its_path(tmp_path: Path):
+    (tmp_path / "catalogue").mkdir()
+    (tmp_path / "BN001.toml").write_text('code = "BN001"\nname = "x"\n', encoding="utf-8")
+    with pytest.raises(RuleBookError, match=r"BN001.toml: missing required key `summary`|docs"):
+        load_rulebook(tmp_path)
+    (tmp_path / "BN001.toml").write_text("code = [", encoding="utf-8")
+    with pytest.raises(RuleBookError, match="BN001.toml: cannot read rule data"):
+        load_rulebook(tmp_path)
