@@ -23,7 +23,17 @@ _EXPORTS = {
     "load_rulebook": "bnfix.rulebook",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "Diagnostic",
+    "FixResult",
+    "Report",
+    "RuleBook",
+    "__version__",
+    "check_paths",
+    "check_source",
+    "fix_source",
+    "load_rulebook",
+]
 
 if TYPE_CHECKING:
     from bnfix.api import FixResult, Report, check_paths, check_source, fix_source

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Union
 
 # ---------------------------------------------------------------------------------------------
 # Positions and edits
@@ -63,7 +62,7 @@ class WrapStatements:
     header: str
 
 
-EditOp = Union[Edit, WrapStatements]
+EditOp = Edit | WrapStatements
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ class FromParam:
     span: Span | None
 
 
-Value = Union[Const, Unknown, FromParam]
+Value = Const | Unknown | FromParam
 
 
 @dataclass(frozen=True)

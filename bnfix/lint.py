@@ -3,13 +3,13 @@ when the tree is large), write fixes atomically, report, and choose the exit cod
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import itertools
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -210,11 +210,9 @@ def run(options: LintOptions, stdin: TextIO = sys.stdin, stdout: TextIO = sys.st
     if use_stdin:
         return _run_stdin(options, book, settings, engine, stdin, stdout, stderr)
     outcome = lint_paths(options, engine, settings, stderr)
-    for line in outcome.errors:
-        stderr.write(f"bnfix: {line}\n")
+    stderr.writelines(f"bnfix: {line}\n" for line in outcome.errors)
     if options.diff:
-        for result in outcome.changed:
-            stdout.write(formats.unified_diff(result))
+        stdout.writelines(formats.unified_diff(result) for result in outcome.changed)
         fixes = sum(len(r.fixed) for r in outcome.changed)
         stderr.write(f"Would fix {fixes} error{'s' if fixes != 1 else ''}.\n" if fixes
                      else "No errors would be fixed.\n")
@@ -246,8 +244,7 @@ def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine:
         _report(options, book, remaining, 0, stdout)
         return 0 if options.exit_zero or not remaining else 1
     result = engine.fix_text(text, name, options.unsafe_fixes, ignored)
-    for line in result.notes:
-        stderr.write(f"bnfix: {line}\n")
+    stderr.writelines(f"bnfix: {line}\n" for line in result.notes)
     if options.diff:
         if result.changed:
             stdout.write(formats.unified_diff(result))

@@ -142,7 +142,7 @@ class ApiSpec:
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class Catalogue:
     """Qualified name -> BN API, plus the TF1 training-graph vocabulary for context analysis."""
 

@@ -28,7 +28,8 @@ def run_bnfix(*args: str, cwd: Path | None = None, stdin: str | None = None,
     full_env = {**os.environ, "PYTHONIOENCODING": "utf-8", **(env or {})}
     full_env.pop("PRE_COMMIT", None)
     proc = subprocess.run([sys.executable, "-m", "bnfix", *args], cwd=cwd, input=stdin,
-                          capture_output=True, text=True, env=full_env, timeout=timeout)
+                          capture_output=True, text=True, env=full_env, timeout=timeout,
+                          check=False)
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -183,14 +183,13 @@ def test_call_info_anchors_for_edits():
     source = "f = g(a,\n      b,  # trailing\n)\nh()\n"
     m = lift(SourceText(source), ast.parse(source), "m.py", CATALOGUE)
     assert m.bn_sites == []
-    from bnfix.source.lift import Lifter
-    lifter = Lifter(SourceText(source), ast.parse(source), "m.py", CATALOGUE)
+    from bnfix.source.resolve import call_info
     tree = ast.parse(source)
-    info = lifter.call_info(tree.body[0].value)
+    info = call_info(SourceText(source), tree.body[0].value)
     assert info.trailing_comma and info.multiline
     assert (info.args_end.row, info.args_end.col) == (2, 7)
     assert (info.close_paren.row, info.close_paren.col) == (3, 0)
-    empty = lifter.call_info(tree.body[1].value)
+    empty = call_info(SourceText(source), tree.body[1].value)
     assert empty.args_end is None and (empty.close_paren.row, empty.close_paren.col) == (4, 2)
 
 

@@ -44,7 +44,7 @@ def test_wheel_ships_the_rule_book(tmp_path: Path):
     assert "bnfix/rules/catalogue/tensorflow.toml" in names
     assert not any(n.startswith(("tests/", "fixtures/")) for n in names)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    out = subprocess.run([sys.executable, "-c", "import bnfix.rulebook as r, bnfix;"
-                          "print(bnfix.__file__, sorted(r.load_rulebook().rules))"],
+    code = "import bnfix.rulebook as r, bnfix; print(bnfix.__file__, sorted(r.load_rulebook().rules))"
+    out = subprocess.run([sys.executable, "-c", code],
                          cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
     assert str(tmp_path / "site") in out and "'BN004'" in out

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO, run_bnfix
 
 from bnfix.checks import ENGINE_CODES, registry
 from bnfix.rulebook import RuleBookError, load_rulebook, rules_table_markdown
-from conftest import REPO, run_bnfix
 
 BOOK = load_rulebook()
 

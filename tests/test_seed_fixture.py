@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import FIXTURES, has_tf1_layers, run_bnfix
 
 SEED = FIXTURES / "seed000"

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from bnfix.source.text import SourceText
 
-_LINE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.I)
+_LINE = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 _FILE = re.compile(
     r"^\s*#\s*bnfix\s*:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?\s*$",
-    re.I | re.M,
+    re.IGNORECASE | re.MULTILINE,
 )
 _SPLIT = re.compile(r"[\s,]+")
 

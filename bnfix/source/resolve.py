@@ -1,0 +1,491 @@
+"""Resolution: the walker's raw facts become IR records. Values are followed through
+parameters and the call sites of their functions, local assignments and module constants;
+collections through locals into control dependencies, groups and fetches; variable lists into
+the families they hold. Works on recorded nodes only: it never walks the module again."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+
+from bnfix.ir import (
+    Arg,
+    BNSite,
+    CallInfo,
+    CallSite,
+    CollectionGet,
+    Const,
+    EmaApply,
+    FromParam,
+    FunctionInfo,
+    ModuleIR,
+    Param,
+    Pos,
+    Span,
+    Statement,
+    TowerLoop,
+    TrainOp,
+    Unknown,
+    Value,
+    VarsExpr,
+    VarsTerm,
+)
+from bnfix.rulebook import ApiSpec
+from bnfix.source.text import SourceText
+from bnfix.source.walk import Ctx, Loop, RawCall, Walker, fkey
+
+TRACE_DEPTH = 6
+
+
+class Resolver:
+    def __init__(self, walker: Walker, path: str) -> None:
+        self.w = walker
+        self.text = walker.text
+        self.vocab = walker.vocab
+        self.path = path
+        self._site_targets: dict[int, tuple[str, object]] = {}
+        self._tower_loop: dict[int, Loop] = {}
+
+    def resolve(self) -> ModuleIR:
+        for function in self.w.functions:
+            self._resolve_defaults(function)
+        self._resolve_call_sites()
+        towers = self._towers()
+        module = ModuleIR(path=self.path, functions=list(self.w.functions), tower_loops=towers)
+        module.bn_sites = [self._bn_site(raw, spec, qual) for raw, spec, qual in self.w.bn_raw]
+        self._instance_calls(module.bn_sites)
+        module.collection_gets = [self._collection_get(raw, towers) for raw in self.w.gets.values()]
+        runs_update_ops = any("UPDATE_OPS" in self._keys(r.call, r.ctx.function) for r in self.w.run_raw)
+        module.train_ops = [self._train_op(raw, towers, runs_update_ops) for raw in self.w.train_raw]
+        module.ema_applies = [a for a in map(self._ema_apply, self.w.apply_raw) if a is not None]
+        bindings = self.w.imports.bindings()
+        for local, target in bindings.items():
+            module.aliases.setdefault(target, local)
+        module.names_in_use = frozenset(self.w.names)
+        module.tf1_prefix = self._tf1_prefix()
+        return module
+
+    def _tf1_prefix(self) -> str | None:
+        compat = self.w.imports.alias_of("tensorflow.compat.v1")
+        if compat:
+            return compat
+        tf = self.w.imports.alias_of("tensorflow")
+        if tf:
+            return f"{tf}.compat.v1" if self.w.uses_compat_v1 else tf
+        return None
+
+    def _resolve_defaults(self, function: FunctionInfo) -> None:
+        for name, expr in self.w.defaults[id(function)].items():
+            param = function.params[name]
+            value = self.value(expr, None)
+            function.params[name] = Param(name, value, self.text.span(expr), param.positional,
+                                          param.index)
+
+    def _resolve_call_sites(self) -> None:
+        """Call sites of the functions that hold BN sites, and of their callers (three levels):
+        only those can change what a BN site receives, so only those are resolved."""
+        by_name: dict[tuple[str | None, str], list[FunctionInfo]] = defaultdict(list)
+        for function in self.w.functions:
+            by_name[(function.class_name, function.name)].append(function)
+        needed = {id(raw.ctx.function) for raw, _, _ in self.w.bn_raw if raw.ctx.function}
+        done: set[tuple[int, int]] = set()
+        for _ in range(3):
+            callers: set[int] = set()
+            for raw in self.w.local_calls:
+                for function, skip in self._targets(raw, by_name):
+                    key = (id(raw.call), id(function))
+                    if id(function) not in needed or key in done:
+                        continue
+                    done.add(key)
+                    function.call_sites.append(self._call_site(function, raw, skip))
+                    if raw.ctx.function is not None:
+                        callers.add(id(raw.ctx.function))
+            if callers <= needed:
+                break
+            needed |= callers
+
+    def _targets(self, raw: RawCall, by_name: dict[tuple[str | None, str], list[FunctionInfo]]
+                 ) -> list[tuple[FunctionInfo, bool]]:
+        """The module's functions a call may reach, and whether `self` is bound implicitly."""
+        func = raw.call.func
+        if isinstance(func, ast.Name):
+            return [(f, False) for f in by_name.get((None, func.id), [])]
+        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+            return []
+        owner = func.value.id
+        if owner not in ("self", "cls"):
+            return [(f, False) for f in by_name.get((owner, func.attr), [])]
+        cls = raw.ctx.function.class_name if raw.ctx.function else raw.ctx.class_name
+        targets = by_name.get((cls, func.attr), [])
+        if not targets:
+            candidates = [f for f in self.w.functions if f.name == func.attr and f.class_name]
+            targets = candidates if len(candidates) == 1 else []
+        return [(f, f.class_name is not None and id(f) not in self.w.static) for f in targets]
+
+    def _call_site(self, function: FunctionInfo, raw: RawCall, skip_first: bool) -> CallSite:
+        call = raw.call
+        caller = raw.ctx.function
+        ordered = sorted((p for p in function.params.values() if p.positional), key=lambda p: p.index)
+        if skip_first:
+            ordered = ordered[1:]
+        args: dict[str, Value] = {}
+        star = False
+        for i, arg in enumerate(call.args):
+            if isinstance(arg, ast.Starred):
+                star = True
+                break
+            if i < len(ordered):
+                args[ordered[i].name] = self.value(arg, caller)
+        for kw in call.keywords:
+            if kw.arg is None:
+                star = True
+            else:
+                args[kw.arg] = self.value(kw.value, caller)
+        if star:
+            for name in function.params:
+                args.setdefault(name, Unknown("*args/**kwargs", None))
+        return CallSite(self.text.span(call), args, call_info(self.text, call), caller)
+
+    def _towers(self) -> list[TowerLoop]:
+        towers = []
+        for loop in self.w.loops:
+            if loop.device is None or not loop.reuse:
+                continue
+            node = loop.node
+            item, block = loop.device
+            towers.append(TowerLoop(
+                span=self.text.span(node),
+                function=loop.function,
+                loop_var=loop.loop_var,
+                starts_at_zero=loop.starts_at_zero,
+                reuse=loop.reuse,
+                name_scope=loop.name_scope,
+                device_block=block,
+                device_item=item,
+                body_last_row=node.body[-1].end_lineno or node.lineno,
+            ))
+            self._tower_loop[id(towers[-1])] = loop
+        return towers
+
+    def _tower_for(self, raw: RawCall, towers: list[TowerLoop]) -> tuple[TowerLoop | None, bool]:
+        """The tower loop a call sits in (innermost), else the last one before it in the same
+        function."""
+        active = {id(loop) for loop in raw.ctx.loops}
+        for tower in reversed(towers):
+            if id(self._tower_loop[id(tower)]) in active:
+                return tower, True
+        row = raw.call.lineno
+        before = [t for t in towers if t.function is raw.ctx.function and t.body_last_row < row]
+        return (before[-1], False) if before else (None, False)
+
+    def _api_args(self, raw: RawCall, spec: ApiSpec, params: tuple[str, ...]) -> dict[str, Arg]:
+        """A BN call's arguments by canonical name, bound against the API's parameter order."""
+        args: dict[str, Arg] = {}
+        function = raw.ctx.function
+        for i, arg in enumerate(raw.call.args):
+            if isinstance(arg, ast.Starred) or i >= len(params):
+                break
+            name = params[i]
+            args[spec.canonical_name(name)] = Arg(name, self.value(arg, function),
+                                                  self.text.span(arg), False)
+        for kw in raw.call.keywords:
+            if kw.arg is not None:
+                args[spec.canonical_name(kw.arg)] = Arg(
+                    kw.arg, self.value(kw.value, function), self.text.span(kw), True)
+        return args
+
+    def _bn_site(self, raw: RawCall, spec: ApiSpec, qual: str) -> BNSite:
+        args = self._api_args(raw, spec, spec.params)
+        site = BNSite(spec.ref, qual, call_info(self.text, raw.call), args, raw.ctx.function)
+        target = self._assigned_target(raw)
+        if target is not None:
+            self._site_targets[id(site)] = target
+        return site
+
+    def _assigned_target(self, raw: RawCall) -> tuple[str, object] | None:
+        stmt = raw.stmt
+        if isinstance(stmt, ast.Assign) and stmt.value is raw.call and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+            if isinstance(target, ast.Name):
+                return target.id, raw.ctx.function
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                    target.value.id == "self":
+                return f"self.{target.attr}", raw.ctx.function.class_name if raw.ctx.function else None
+        return None
+
+    def _instance_calls(self, sites: list[BNSite]) -> None:
+        """Calls of a BN layer object (`bn(x, training=...)`), for APIs with call-time args."""
+        by_call = {id(raw.call): site for (raw, _, _), site in zip(self.w.bn_raw, sites)}
+        targets: dict[tuple[str, object], BNSite] = {}
+        for site in sites:
+            target = self._site_targets.get(id(site))
+            if target is not None:
+                targets[target] = site
+        for raw in self.w.local_calls:
+            func = raw.call.func
+            site = None
+            if isinstance(func, ast.Call):
+                site = by_call.get(id(func))
+            elif isinstance(func, ast.Name):
+                site = targets.get((func.id, raw.ctx.function))
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                    func.value.id == "self" and raw.ctx.function is not None:
+                site = targets.get((f"self.{func.attr}", raw.ctx.function.class_name))
+            if site is None:
+                continue
+            spec = self.w.cat.apis[site.qualname]
+            site.instance_calls.append(self._api_args(raw, spec, spec.call_params))
+
+    def _collection_get(self, raw: RawCall, towers: list[TowerLoop]) -> CollectionGet:
+        call = raw.call
+        key_expr = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg in ("key", "name")), None)
+        scope_expr = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg == "scope"), None)
+        scoped = scope_expr is not None and not (
+            isinstance(scope_expr, ast.Constant) and scope_expr.value in (None, ""))
+        tower, inside = self._tower_for(raw, towers)
+        usage = "other"
+        stmt = raw.stmt
+        parent = raw.parents[-1] if raw.parents else None
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is call:
+            usage = "assign"
+        elif (isinstance(stmt, ast.AugAssign) and stmt.value is call) or (
+                parent is not None and isinstance(parent.func, ast.Attribute)
+                and parent.func.attr in ("extend", "append")):
+            usage = "accumulate"
+        after_scope = bool(inside and tower and tower.name_scope and
+                           tower.name_scope.span.start.row <= call.lineno)
+        return CollectionGet(
+            key=self._collection_key(key_expr) or "",
+            scoped=scoped,
+            call=call_info(self.text, call),
+            function=raw.ctx.function,
+            tower=tower,
+            inside_tower=inside,
+            usage=usage,
+            row_in_loop_after_scope=after_scope,
+        )
+
+    def _collection_key(self, expr: ast.expr | None) -> str | None:
+        if expr is None:
+            return None
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return self.vocab.collection_values.get(expr.value)
+        qual = self.w.qualname(expr)
+        return self.vocab.collections.get(qual) if qual else None
+
+    def _train_op(self, raw: RawCall, towers: list[TowerLoop], runs_update_ops: bool) -> TrainOp:
+        call = raw.call
+        function = raw.ctx.function
+        control = [w for w in raw.ctx.withs if w.category == "control_dependencies"]
+        keys: frozenset[str] = frozenset()
+        for frame in control:
+            if frame.expr is not None:
+                keys |= self._keys(frame.expr, frame.function)
+        kind = raw.kind
+        adds = runs_update_ops
+        if kind not in self.vocab.train_methods:
+            update_arg = next((k.value for k in call.keywords if k.arg == "update_ops"), None)
+            adds = adds or not (isinstance(update_arg, (ast.List, ast.Tuple)) and not update_arg.elts)
+        groups = [p for p in raw.parents if any(g.call is p for g in self.w.group_raw)]
+        if any("UPDATE_OPS" in self._keys(g, function) for g in groups):
+            adds = True
+        target = _assigned_name(raw.stmt, call)
+        if target is not None:
+            for group in self.w.group_raw:
+                if group.ctx.function is function and self._mentions(group.call, target) and \
+                        "UPDATE_OPS" in self._keys(group.call, function):
+                    adds = True
+        stmt = raw.stmt
+        span = self.text.span(stmt)
+        statement = Statement(
+            span=span,
+            first_row=stmt.lineno,
+            last_row=stmt.end_lineno or stmt.lineno,
+            wrappable=self.text.starts_row(span.start) and self.text.ends_row(span.end)
+            and not isinstance(stmt, (ast.With, ast.AsyncWith, ast.For, ast.If, ast.While,
+                                      ast.FunctionDef, ast.ClassDef, ast.Try)),
+        )
+        tower, inside = self._tower_for(raw, towers)
+        return TrainOp(
+            kind=kind,
+            call=call_info(self.text, call),
+            statement=statement,
+            function=function,
+            control_keys=keys,
+            under_control_deps=bool(control),
+            adds_update_ops=adds,
+            after_tower=tower if not inside else None,
+        )
+
+    @staticmethod
+    def _mentions(call: ast.Call, name: str) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(call))
+
+    def _ema_apply(self, raw: RawCall) -> EmaApply | None:
+        func = raw.call.func
+        assert isinstance(func, ast.Attribute)
+        if not self._is_ema(func.value, raw.ctx, 0):
+            return None
+        call = raw.call
+        arg = call.args[0] if call.args else next(
+            (k.value for k in call.keywords if k.arg == "var_list"), None)
+        var_list = self._vars_expr(arg, raw.ctx.function) if arg is not None else None
+        return EmaApply(call_info(self.text, call), var_list, raw.ctx.function)
+
+    def _is_ema(self, expr: ast.expr, ctx: Ctx, depth: int) -> bool:
+        if depth > TRACE_DEPTH:
+            return False
+        if isinstance(expr, ast.Call):
+            return self.vocab.fn_kind.get(self.w.qualname(expr.func) or "") == "ema"
+        for _, value, _ in self._defs_of(expr, ctx.function, ctx.class_name):
+            if self._is_ema(value, ctx, depth + 1):
+                return True
+        return False
+
+    def _defs_of(self, expr: ast.expr, function: FunctionInfo | None,
+                 class_name: str | None = None) -> list[tuple[str, ast.expr, ast.stmt]]:
+        if isinstance(expr, ast.Name):
+            local = self.w.defs.get((fkey(function), expr.id))
+            if local:
+                return local
+            return self.w.defs.get((0, expr.id), [])
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and \
+                expr.value.id in ("self", "cls"):
+            owner = function.class_name if function is not None else class_name
+            return self.w.defs.get((0, f"{owner}.{expr.attr}"), [])
+        return []
+
+    # -- values ----------------------------------------------------------------------------
+
+    def value(self, expr: ast.expr, function: FunctionInfo | None, depth: int = 0) -> Value:
+        """What is statically known of `expr` evaluated in `function`."""
+        span = self.text.span(expr)
+        if isinstance(expr, ast.Constant):
+            return Const(expr.value, self.text.slice(span), span)
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.operand, ast.Constant) and \
+                isinstance(expr.op, (ast.USub, ast.Not)):
+            inner = expr.operand.value
+            if isinstance(expr.op, ast.Not):
+                return Const(not inner, self.text.slice(span), span)
+            if isinstance(inner, (int, float)) and not isinstance(inner, bool):
+                return Const(-inner, self.text.slice(span), span)
+        if isinstance(expr, ast.Name) and depth < TRACE_DEPTH:
+            key = fkey(function)
+            local = self.w.defs.get((key, expr.id))
+            if function is not None and expr.id in function.params and not local:
+                return FromParam(function, expr.id, span)
+            defs = local if local else self.w.defs.get((0, expr.id), [])
+            if len(defs) == 1 and defs[0][0] == "assign":
+                owner = function if local else None
+                return self.value(defs[0][1], owner, depth + 1)
+        return Unknown(self.text.slice(span), span)
+
+    def _keys(self, expr: ast.AST, function: FunctionInfo | None, depth: int = 0,
+              seen: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Collection keys (`UPDATE_OPS` …) whose contents can reach `expr`, through locals."""
+        if depth > TRACE_DEPTH:
+            return frozenset()
+        if isinstance(expr, ast.Call) and id(expr) in self.w.gets:
+            raw = self.w.gets[id(expr)]
+            key_expr = raw.call.args[0] if raw.call.args else next(
+                (k.value for k in raw.call.keywords if k.arg in ("key", "name")), None)
+            key = self._collection_key(key_expr)
+            return frozenset((key,)) if key else frozenset({"?"})
+        if isinstance(expr, ast.Name):
+            if expr.id in seen:
+                return frozenset()
+            out: frozenset[str] = frozenset()
+            for _, value, _ in self._defs_of(expr, function):
+                out |= self._keys(value, function, depth + 1, seen | {expr.id})
+            return out
+        out = frozenset()
+        for child in ast.iter_child_nodes(expr):
+            if isinstance(child, (ast.expr, ast.keyword)):
+                out |= self._keys(child, function, depth + 1, seen)
+        return out
+
+    def _vars_terms(self, expr: ast.expr, function: FunctionInfo | None,
+                    depth: int = 0) -> list[VarsTerm]:
+        span = self.text.span(expr)
+        text = self.text.slice(span)
+        if depth > TRACE_DEPTH:
+            return [VarsTerm(span, text, frozenset())]
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
+            return self._vars_terms(expr.left, function, depth + 1) + \
+                self._vars_terms(expr.right, function, depth + 1)
+        if isinstance(expr, ast.Call):
+            if id(expr) in self.w.gets:
+                key = self._collection_key(expr.args[0] if expr.args else None)
+                return [VarsTerm(span, text, self.vocab.coll_sources.get(key or "", frozenset()))]
+            qual = self.w.qualname(expr.func)
+            if qual in self.vocab.var_sources:
+                return [VarsTerm(span, text, self.vocab.var_sources[qual])]
+            if isinstance(expr.func, ast.Name) and expr.func.id in ("list", "tuple", "sorted") \
+                    and len(expr.args) == 1:
+                inner = self._vars_terms(expr.args[0], function, depth + 1)
+                return [VarsTerm(span, text, frozenset().union(*(t.tags for t in inner)))]
+        if isinstance(expr, ast.Name):
+            defs = self._defs_of(expr, function)
+            tags: frozenset[str] = frozenset()
+            for _, value, _ in defs:
+                for term in self._vars_terms(value, function, depth + 1):
+                    tags |= term.tags
+            return [VarsTerm(span, text, tags)]
+        if isinstance(expr, (ast.List, ast.Tuple)):
+            tags = frozenset()
+            for elt in expr.elts:
+                if isinstance(elt, ast.Starred):
+                    for term in self._vars_terms(elt.value, function, depth + 1):
+                        tags |= term.tags
+            return [VarsTerm(span, text, tags)]
+        return [VarsTerm(span, text, frozenset())]
+
+    def _vars_expr(self, arg: ast.expr, function: FunctionInfo | None) -> VarsExpr:
+        """A var_list argument, traced through one local variable when it has a single
+        definition: the fix then edits the definition if the variable has no other use."""
+        if isinstance(arg, ast.Name):
+            defs = self._defs_of(arg, function)
+            if len(defs) == 1 and defs[0][0] == "assign":
+                _, value, stmt = defs[0]
+                owner = function if self.w.defs.get((fkey(function), arg.id)) else None
+                uses = self.w.loads.get((fkey(owner), arg.id), 0)
+                terms = tuple(self._vars_terms(value, owner))
+                edit_span = self.text.span(value) if uses == 1 else self.text.span(arg)
+                return VarsExpr(edit_span, self.text.slice(edit_span), terms,
+                                self.text.span(stmt), arg.id, uses)
+        span = self.text.span(arg)
+        return VarsExpr(span, self.text.slice(span), tuple(self._vars_terms(arg, function)),
+                        None, None, 0)
+
+
+def call_info(text: SourceText, call: ast.Call) -> CallInfo:
+    """Where a call's pieces are, for edits: span, callee, end of the last argument, ')'."""
+    span = text.span(call)
+    items: list[ast.AST] = [*call.args, *call.keywords]
+    args_end: Pos | None = None
+    if items:
+        last = max(items, key=lambda n: (n.end_lineno, n.end_col_offset))  # type: ignore[attr-defined]
+        args_end = text.pos(last.end_lineno, last.end_col_offset)  # type: ignore[attr-defined]
+    close = Pos(span.end.row, span.end.col - 1)
+    between = text.slice(Span(args_end, close)) if args_end else ""
+    return CallInfo(
+        span=span,
+        callee=text.slice(text.span(call.func)),
+        args_end=args_end,
+        close_paren=close,
+        trailing_comma="," in _strip_comments(between),
+        multiline=span.start.row != span.end.row,
+    )
+
+
+def _strip_comments(text: str) -> str:
+    return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+
+
+def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:
+    if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1 and \
+            isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    return None

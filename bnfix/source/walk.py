@@ -1,0 +1,438 @@
+"""The one traversal: a walk of a module's CPython `ast` that records raw facts with their
+lexical context — BN calls, collection reads, train ops, `with` scopes, loops, assignments,
+imports and calls of module-local functions. `bnfix.source.resolve` turns them into the IR."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections import defaultdict
+from dataclasses import dataclass
+
+from bnfix.ir import Block, FunctionInfo, Param, WithItem
+from bnfix.rulebook import ApiSpec, Catalogue
+from bnfix.source.imports import ImportTable
+from bnfix.source.text import SourceText
+
+RANGE_NAMES = {"range", "xrange", "six.moves.range", "six.moves.xrange"}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The catalogue's TF1 training-graph names, indexed for lookups during the walk."""
+
+    fn_kind: dict[str, str]  # qualified name -> get_collection | group | device | ...
+    method_kind: dict[str, str]  # method name -> get_collection | control_dependencies | ...
+    collections: dict[str, str]  # qualified name of a GraphKeys member -> canonical key
+    collection_values: dict[str, str]  # its string value -> canonical key
+    train_methods: frozenset[str]
+    train_helpers: frozenset[str]
+    var_sources: dict[str, frozenset[str]]
+    coll_sources: dict[str, frozenset[str]]
+
+
+@functools.lru_cache(maxsize=8)
+def vocabulary(catalogue: Catalogue) -> Vocabulary:
+    tf1 = catalogue.tf1
+    fn_kind = {name: kind for kind, names in tf1.get("functions", {}).items() for name in names}
+    method_kind = {name: kind for kind, names in tf1.get("methods", {}).items() for name in names}
+    collections: dict[str, str] = {}
+    values: dict[str, str] = {}
+    for key, spec in tf1.get("collections", {}).items():
+        for name in spec["names"]:
+            collections[name] = key
+        values[spec["value"]] = key
+    train = tf1.get("train_ops", {})
+    return Vocabulary(
+        fn_kind=fn_kind,
+        method_kind=method_kind,
+        collections=collections,
+        collection_values=values,
+        train_methods=frozenset(train.get("methods", ())),
+        train_helpers=frozenset(train.get("with_update_ops", ())),
+        var_sources={k: frozenset(v) for k, v in tf1.get("variable_sources", {}).items()},
+        coll_sources={k: frozenset(v) for k, v in tf1.get("collection_sources", {}).items()},
+    )
+
+
+@dataclass
+class Loop:
+    node: ast.For | ast.AsyncFor
+    function: FunctionInfo | None
+    targets: frozenset[str]
+    loop_var: str | None
+    starts_at_zero: bool
+    reuse: bool = False
+    device: tuple[WithItem, Block | None] | None = None
+    name_scope: WithItem | None = None
+
+
+@dataclass
+class WithFrame:
+    category: str  # device | name_scope | variable_scope | control_dependencies | other
+    item: WithItem
+    expr: ast.expr | None  # the first argument (device string, scope name, control inputs)
+    function: FunctionInfo | None
+    reuse: bool  # a variable_scope opened with reuse=<not False/None> (AUTO_REUSE included)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    function: FunctionInfo | None = None
+    class_name: str | None = None
+    withs: tuple[WithFrame, ...] = ()
+    loops: tuple[Loop, ...] = ()
+
+
+@dataclass
+class RawCall:
+    call: ast.Call
+    ctx: Ctx
+    stmt: ast.stmt
+    parents: tuple[ast.Call, ...] = ()  # the calls whose arguments hold this one
+    kind: str = ""  # for train ops: minimize, apply_gradients, create_train_op ...
+
+
+def fkey(function: FunctionInfo | None) -> int:
+    return id(function) if function is not None else 0
+
+
+Def = tuple[str, ast.expr, ast.stmt]  # (assign | accumulate | with | unknown, value, statement)
+
+
+class Walker:
+    """Walks one module once; its attributes are the facts the resolver reads."""
+
+    def __init__(self, text: SourceText, tree: ast.Module, catalogue: Catalogue) -> None:
+        self.text = text
+        self.tree = tree
+        self.cat = catalogue
+        self.vocab = vocabulary(catalogue)
+        self.imports = ImportTable()
+        self.functions: list[FunctionInfo] = []
+        self.defaults: dict[int, dict[str, ast.expr]] = {}
+        self.static: set[int] = set()
+        self.defs: dict[tuple[int, str], list[Def]] = defaultdict(list)
+        self.loads: dict[tuple[int, str], int] = defaultdict(int)
+        self.names: set[str] = set()
+        self.class_names: set[str] = set()
+        self.bn_raw: list[tuple[RawCall, ApiSpec, str]] = []
+        self.gets: dict[int, RawCall] = {}
+        self.train_raw: list[RawCall] = []
+        self.group_raw: list[RawCall] = []
+        self.run_raw: list[RawCall] = []
+        self.apply_raw: list[RawCall] = []
+        self.local_calls: list[RawCall] = []
+        self.loops: list[Loop] = []
+        self.uses_compat_v1 = False
+
+    def walk(self) -> Walker:
+        for stmt in self.tree.body:  # module-level imports first: they bind file-wide
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                self.imports.add(stmt)
+        self._body(self.tree.body, Ctx())
+        return self
+
+    def _body(self, stmts: list[ast.stmt], ctx: Ctx) -> None:
+        for stmt in stmts:
+            self._stmt(stmt, ctx)
+
+    def _stmt(self, stmt: ast.stmt, ctx: Ctx) -> None:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self._function(stmt, ctx)
+        elif isinstance(stmt, ast.ClassDef):
+            self.names.add(stmt.name)
+            self.class_names.add(stmt.name)
+            for expr in [*stmt.bases, *stmt.decorator_list]:
+                self._expr(expr, ctx, stmt)
+            self._body(stmt.body, Ctx(None, stmt.name, ctx.withs, ctx.loops))
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            self.imports.add(stmt)
+            for alias in stmt.names:
+                self.names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            self._for(stmt, ctx)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            self._with(stmt, ctx)
+        elif isinstance(stmt, ast.Assign):
+            self._expr(stmt.value, ctx, stmt)
+            for target in stmt.targets:
+                self._bind_target(target, stmt.value, stmt, ctx, "assign")
+            if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
+                    isinstance(stmt.value, (ast.Attribute, ast.Name)):
+                # `slim = tf.contrib.slim`, `tf = tf.compat.v1`: an alias like an import
+                target = self.imports.qualname(stmt.value)
+                if target is not None:
+                    self.imports.bind(stmt.targets[0].id, target)
+        elif isinstance(stmt, ast.AnnAssign):
+            if stmt.value is not None:
+                self._expr(stmt.value, ctx, stmt)
+                self._bind_target(stmt.target, stmt.value, stmt, ctx, "assign")
+        elif isinstance(stmt, ast.AugAssign):
+            self._expr(stmt.value, ctx, stmt)
+            self._expr(stmt.target, ctx, stmt)
+            kind = "accumulate" if isinstance(stmt.op, ast.Add) else "assign"
+            self._bind_target(stmt.target, stmt.value, stmt, ctx, kind)
+        else:
+            for name, value in ast.iter_fields(stmt):
+                if isinstance(value, list):
+                    if value and isinstance(value[0], ast.stmt):
+                        self._body(value, ctx)
+                    else:
+                        for item in value:
+                            if isinstance(item, ast.expr):
+                                self._expr(item, ctx, stmt)
+                            elif isinstance(item, ast.excepthandler):
+                                if item.type is not None:
+                                    self._expr(item.type, ctx, stmt)
+                                if item.name:
+                                    self.names.add(item.name)
+                                self._body(item.body, ctx)
+                            elif isinstance(item, ast.match_case):
+                                if item.guard is not None:
+                                    self._expr(item.guard, ctx, stmt)
+                                self._body(item.body, ctx)
+                elif isinstance(value, ast.expr):
+                    self._expr(value, ctx, stmt)
+
+    def _bind_target(self, target: ast.expr, value: ast.expr, stmt: ast.stmt, ctx: Ctx,
+                     kind: str) -> None:
+        key = fkey(ctx.function)
+        if isinstance(target, ast.Name):
+            self.names.add(target.id)
+            self.defs[(key, target.id)].append((kind, value, stmt))
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                target.value.id in ("self", "cls") and ctx.class_name:
+            self.defs[(0, f"{ctx.class_name}.{target.attr}")].append((kind, value, stmt))
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                inner = elt.value if isinstance(elt, ast.Starred) else elt
+                if isinstance(inner, ast.Name):
+                    self.names.add(inner.id)
+                    self.defs[(key, inner.id)].append(("unknown", value, stmt))
+        else:
+            self._expr(target, ctx, stmt)
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, ctx: Ctx) -> None:
+        self.names.add(node.name)
+        for expr in node.decorator_list:
+            self._expr(expr, ctx, node)
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        defaults: dict[str, ast.expr] = {}
+        for arg, default in zip(positional[len(positional) - len(args.defaults):], args.defaults):
+            defaults[arg.arg] = default
+        for arg, default in zip(args.kwonlyargs, args.kw_defaults):
+            if default is not None:
+                defaults[arg.arg] = default
+        for default in defaults.values():
+            self._expr(default, ctx, node)
+        qual = f"{ctx.class_name}.{node.name}" if ctx.class_name else node.name
+        if ctx.function is not None:
+            qual = f"{ctx.function.qualname}.<locals>.{node.name}"
+        params: dict[str, Param] = {}
+        for i, arg in enumerate(positional):
+            params[arg.arg] = Param(arg.arg, None, None, True, i)
+        for arg in args.kwonlyargs:
+            params[arg.arg] = Param(arg.arg, None, None, False, -1)
+        function = FunctionInfo(qual, node.name, ctx.class_name, self.text.span(node), params)
+        self.defaults[id(function)] = defaults  # resolved once module constants are known
+        self.names.update(params)
+        self.functions.append(function)
+        if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list):
+            self.static.add(id(function))
+        self._body(node.body, Ctx(function, ctx.class_name if ctx.function is None else None,
+                                   ctx.withs, ctx.loops))
+
+    def _for(self, node: ast.For | ast.AsyncFor, ctx: Ctx) -> None:
+        self._expr(node.iter, ctx, node)
+        targets = frozenset(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+        self.names.update(targets)
+        loop_var, zero = self._loop_index(node)
+        loop = Loop(node, ctx.function, targets, loop_var, zero,
+                     reuse=any(w.reuse for w in ctx.withs))
+        inner = Ctx(ctx.function, ctx.class_name, ctx.withs, (*ctx.loops, loop))
+        self._body(node.body, inner)
+        self._body(node.orelse, ctx)
+        self.loops.append(loop)
+
+    def _loop_index(self, node: ast.For | ast.AsyncFor) -> tuple[str | None, bool]:
+        it = node.iter
+        if not isinstance(it, ast.Call):
+            return (node.target.id if isinstance(node.target, ast.Name) else None), False
+        fname = _dotted(it.func)
+        if fname in RANGE_NAMES and isinstance(node.target, ast.Name):
+            zero = len(it.args) == 1 or (
+                len(it.args) >= 2 and isinstance(it.args[0], ast.Constant) and it.args[0].value == 0
+            )
+            return node.target.id, zero
+        if fname == "enumerate" and isinstance(node.target, ast.Tuple) and node.target.elts and \
+                isinstance(node.target.elts[0], ast.Name):
+            zero = not it.keywords and len(it.args) == 1
+            return node.target.elts[0].id, zero
+        return None, False
+
+    def _with(self, node: ast.With | ast.AsyncWith, ctx: Ctx) -> None:
+        frames: list[WithFrame] = []
+        for item in node.items:
+            self._expr(item.context_expr, ctx, node)
+            as_name = None
+            if item.optional_vars is not None:
+                if isinstance(item.optional_vars, ast.Name):
+                    as_name = item.optional_vars.id
+                    self.names.add(as_name)
+                    self.defs[(fkey(ctx.function), as_name)].append(("with", item.context_expr, node))
+                else:
+                    self._expr(item.optional_vars, ctx, node)
+            frames.append(self._with_frame(item, as_name, node, ctx))
+        withs = ctx.withs + tuple(frames)
+        for frame in frames:
+            self._note_scope(frame, node, ctx)
+        self._body(node.body, Ctx(ctx.function, ctx.class_name, withs, ctx.loops))
+
+    def _with_frame(self, item: ast.withitem, as_name: str | None, node: ast.With | ast.AsyncWith,
+                    ctx: Ctx) -> WithFrame:
+        expr = item.context_expr
+        end = item.optional_vars if item.optional_vars is not None else expr
+        category, arg, qual, reuse = "other", None, "", False
+        if isinstance(expr, ast.Call):
+            qual = self.qualname(expr.func) or ""
+            category = self.vocab.fn_kind.get(qual, "other")
+            if category == "other" and isinstance(expr.func, ast.Attribute) and \
+                    self.vocab.method_kind.get(expr.func.attr) == "control_dependencies":
+                category = "control_dependencies"
+            arg = expr.args[0] if expr.args else (expr.keywords[0].value if expr.keywords else None)
+            if category == "variable_scope":
+                flag = next((k.value for k in expr.keywords if k.arg == "reuse"), None)
+                reuse = flag is not None and not (
+                    isinstance(flag, ast.Constant) and flag.value in (False, None))
+                if reuse:
+                    for loop in ctx.loops:
+                        loop.reuse = True
+        item_end = self.text.pos(expr.end_lineno, expr.end_col_offset)  # type: ignore[arg-type]
+        with_item = WithItem(
+            qualname=qual,
+            span=self.text.span(expr),
+            as_name=as_name,
+            item_end=item_end if item.optional_vars is None else self.text.pos(
+                end.end_lineno, end.end_col_offset),  # type: ignore[arg-type]
+            arg_text=self.text.slice(self.text.span(arg)) if arg is not None else "",
+        )
+        return WithFrame(category, with_item, arg, ctx.function, reuse)
+
+    def _note_scope(self, frame: WithFrame, node: ast.With | ast.AsyncWith, ctx: Ctx) -> None:
+        """Tower-loop evidence: a device / name scope that depends on a loop's variable."""
+        if frame.category not in ("device", "name_scope") or frame.expr is None:
+            return
+        used = {n.id for n in ast.walk(frame.expr) if isinstance(n, ast.Name)}
+        for loop in ctx.loops:
+            if not used & loop.targets:
+                continue
+            if frame.category == "device" and loop.device is None:
+                loop.device = (frame.item, self._block(node))
+            elif frame.category == "name_scope" and loop.name_scope is None:
+                loop.name_scope = frame.item
+
+    def _block(self, node: ast.With | ast.AsyncWith) -> Block | None:
+        first, last = node.body[0], node.body[-1]
+        if first.lineno == node.lineno:
+            return None
+        return Block(node.lineno, first.lineno, last.end_lineno or last.lineno,
+                     self.text.indentation(first.lineno))
+
+    # -- expressions -----------------------------------------------------------------------
+
+    def _expr(self, root: ast.expr, ctx: Ctx, stmt: ast.stmt) -> None:
+        """Visit every call in `root`, outermost first, knowing the calls around each."""
+        key = fkey(ctx.function)
+        loads = self.loads
+        stack: list[tuple[ast.AST, tuple[ast.Call, ...]]] = [(root, ())]
+        while stack:
+            node, parents = stack.pop()
+            kind = type(node)
+            if kind is ast.Name:
+                if type(node.ctx) is ast.Load:  # type: ignore[attr-defined]
+                    loads[(key, node.id)] += 1  # type: ignore[attr-defined]
+                continue
+            if kind is ast.Constant:
+                continue
+            if kind is ast.Call:
+                self._call(node, ctx, stmt, parents)  # type: ignore[arg-type]
+                parents = (*parents, node)  # type: ignore[assignment]
+            elif kind is ast.NamedExpr and isinstance(node.target, ast.Name):  # type: ignore[attr-defined]
+                self.names.add(node.target.id)  # type: ignore[attr-defined]
+                self.defs[(key, node.target.id)].append(("assign", node.value, stmt))  # type: ignore[attr-defined]
+            for field in _child_fields(kind):
+                value = getattr(node, field)
+                if type(value) is list:
+                    stack.extend((item, parents) for item in value if isinstance(item, ast.AST))
+                elif value is not None and not isinstance(value, (str, int, float)):
+                    stack.append((value, parents))
+
+    def qualname(self, func: ast.expr) -> str | None:
+        qual = self.imports.qualname(func)
+        if qual is None:
+            return None
+        if qual.startswith("tensorflow.compat.v1."):
+            self.uses_compat_v1 = True
+        return self.cat.normalize(qual)
+
+    def _call(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt, parents: tuple[ast.Call, ...]) -> None:
+        func = call.func
+        qual = self.qualname(func)
+        raw = RawCall(call, ctx, stmt, parents)
+        if qual is not None:
+            spec = self.cat.apis.get(qual)
+            if spec is not None:
+                self.bn_raw.append((raw, spec, qual))
+                return
+            kind = self.vocab.fn_kind.get(qual)
+            if kind == "get_collection":
+                self.gets[id(call)] = raw
+            elif kind == "group":
+                self.group_raw.append(raw)
+            elif qual in self.vocab.train_helpers:
+                raw.kind = qual.rsplit(".", 1)[-1]
+                self.train_raw.append(raw)
+            return
+        if isinstance(func, ast.Attribute):
+            attr = func.attr
+            method = self.vocab.method_kind.get(attr)
+            if method == "get_collection":
+                self.gets[id(call)] = raw
+            elif method == "reuse_variables":
+                for loop in ctx.loops:
+                    loop.reuse = True
+            elif attr in self.vocab.train_methods:
+                raw.kind = attr
+                self.train_raw.append(raw)
+            elif attr == "apply":
+                self.apply_raw.append(raw)
+            elif attr == "run":
+                self.run_raw.append(raw)
+            elif attr in ("extend", "append") and isinstance(func.value, ast.Name) and call.args:
+                self.defs[(fkey(ctx.function), func.value.id)].append(
+                    ("accumulate", call.args[0], stmt))
+            owner = func.value.id if isinstance(func.value, ast.Name) else None
+            if owner in ("self", "cls") or owner in self.class_names:
+                self.local_calls.append(raw)
+        elif isinstance(func, (ast.Name, ast.Call)):
+            self.local_calls.append(raw)
+
+
+@functools.cache
+def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of an ast node class that can hold expressions (not `ctx`, not names)."""
+    return tuple(f for f in kind._fields if f not in ("ctx", "op", "attr", "id", "arg", "kind",
+                                                       "conversion", "type_comment"))
+
+
+def _dotted(expr: ast.expr) -> str | None:
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        parts.append(expr.id)
+        return ".".join(reversed(parts))
+    return None
