@@ -283,3 +283,15 @@ def test_unreadable_file(tree):
     (root / "secret.py").chmod(0)
     run = run_bnfix("check", "--output-format", "concise", ".", cwd=root)
     assert "BN901 cannot read: Permission denied" in run.stdout
+
+
+def test_progress_line_on_a_terminal(tree):
+    import io
+
+    from bnfix.lint import LintOptions, run
+
+    root = tree({f"m{i}.py": CLEAN for i in range(3)})
+    out, err = io.StringIO(), io.StringIO()
+    code = run(LintOptions(paths=[str(root)], progress=True, jobs=1), stdout=out, stderr=err)
+    assert code == 0
+    assert "\rbnfix: 1 files checked" in err.getvalue() and err.getvalue().endswith("\r\033[K")

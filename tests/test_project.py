@@ -48,3 +48,18 @@ def test_wheel_ships_the_rule_book(tmp_path: Path):
     out = subprocess.run([sys.executable, "-c", code],
                          cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout
     assert str(tmp_path / "site") in out and "'BN004'" in out
+
+
+def test_base_install_requires_only_the_lint_path(tmp_path: Path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("bnfix-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith("METADATA"))
+        lines = archive.read(metadata).decode().splitlines()
+    requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+    base = sorted(r.split(";")[0].split(">")[0].split("<")[0].split("=")[0].strip()
+                  for r in requires if "extra ==" not in r)
+    assert base == ["libcst", "pathspec", "tomli"]
+    extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
+    assert {"torch", "tf", "onnx", "all", "dev"} <= extras
