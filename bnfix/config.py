@@ -12,8 +12,11 @@ from bnfix.rulebook import RuleBook, RuleBookError, tomllib
 
 KNOWN_KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
-    "respect-gitignore",
+    "respect-gitignore", "target-tensorflow",
 }
+# The TensorFlow release code is assumed to run on unless `target-tensorflow` says otherwise:
+# the newest one bnfix's rules are checked against.
+CURRENT_TENSORFLOW = (2, 21)
 
 
 class ConfigError(Exception):
@@ -31,6 +34,11 @@ class Settings:
     exclude: list[str] | None = None
     extend_exclude: list[str] = field(default_factory=list)
     respect_gitignore: bool = True
+    target_tensorflow: tuple[int, ...] = CURRENT_TENSORFLOW
+
+    @property
+    def targets(self) -> dict[str, tuple[int, ...]]:
+        return {"tensorflow": self.target_tensorflow}
 
     def enabled(self, book: RuleBook) -> frozenset[str]:
         """The rule codes this configuration turns on (default: all rules)."""
@@ -110,6 +118,8 @@ def load_settings(config: Path | None, start: Path) -> Settings:
         isinstance(v, list) and all(isinstance(c, str) for c in v) for v in pfi.values()
     ):
         raise ConfigError(f"{path}: [tool.bnfix] `per-file-ignores` must map globs to lists of codes")
+    target = table.get("target-tensorflow")
+    target_tf = CURRENT_TENSORFLOW if target is None else parse_version(str(target), path)
     respect = table.get("respect-gitignore", True)
     if not isinstance(respect, bool):
         raise ConfigError(f"{path}: [tool.bnfix] `respect-gitignore` must be true or false")
@@ -123,4 +133,17 @@ def load_settings(config: Path | None, start: Path) -> Settings:
         exclude=_list(table, "exclude", path),
         extend_exclude=_list(table, "extend-exclude", path) or [],
         respect_gitignore=respect,
+        target_tensorflow=target_tf,
     )
+
+
+def parse_version(text: str, path: Path) -> tuple[int, ...]:
+    """`"2.15"` -> (2, 15)."""
+    try:
+        parts = tuple(int(p) for p in text.strip().split("."))
+    except ValueError:
+        parts = ()
+    if not parts:
+        raise ConfigError(f"{path}: [tool.bnfix] `target-tensorflow` must be a version like \"2.15\", "
+                          f"not `{text}`")
+    return parts

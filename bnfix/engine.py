@@ -8,7 +8,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bnfix.checks import ENGINE_CODES, registry
+from bnfix.checks import registry
+from bnfix.config import CURRENT_TENSORFLOW
 from bnfix.ir import Applicability, Finding, Fix, Pos, Span
 from bnfix.rulebook import RuleBook
 from bnfix.source import lift as lifting
@@ -74,13 +75,12 @@ def _snippet(source: SourceText, span: Span) -> tuple[tuple[int, str], ...]:
 
 
 class Engine:
-    def __init__(self, book: RuleBook, enabled: frozenset[str]) -> None:
+    def __init__(self, book: RuleBook, enabled: frozenset[str],
+                 targets: dict[str, tuple[int, ...]] | None = None) -> None:
         self.book = book
         checks = registry()
-        unknown = enabled - set(checks) - ENGINE_CODES - set(book.rules)
-        if unknown:
-            raise ValueError(f"no such rules: {sorted(unknown)}")
         self.enabled = enabled
+        self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
         self.checks = {code: checks[code] for code in sorted(enabled) if code in checks}
         self.triggers: dict[str, tuple[str, ...]] = {}
         for code in self.checks:
@@ -112,6 +112,7 @@ class Engine:
             return self._error(path, exc, ignored)
         source = SourceText(text)
         module = lifting.lift(source, tree, path, self.book.catalogue)
+        module.targets = self.targets
         findings: list[Finding] = []
         for code in codes:
             findings.extend(self.checks[code](module))

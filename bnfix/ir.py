@@ -99,6 +99,7 @@ class Unknown:
 
     text: str
     span: Span | None
+    qualname: str | None = None  # a dotted name resolved through imports (`tf.GraphKeys.X`)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class FunctionInfo:
     span: Span
     params: dict[str, Param]
     call_sites: list[CallSite] = field(default_factory=list)
+    training_flag: str | None = None  # a parameter that carries the train/eval switch
 
     def param_value(self, site: CallSite, name: str) -> Value | None:
         """What `site` binds to parameter `name`: the passed value or the default."""
@@ -224,6 +226,26 @@ class Arg:
     value: Value
     span: Span  # the whole argument (`trainable=False`)
     keyword: bool
+    value_span: Span  # the value expression as written at the call
+    value_text: str  # its source text
+    items: tuple[tuple[object, str], ...] | None = None  # a dict literal: (key, value text)
+
+    @property
+    def name_span(self) -> Span | None:
+        """Where the keyword's name is written (`trainable` in `trainable=False`)."""
+        if not self.keyword:
+            return None
+        start = self.span.start
+        return Span(start, Pos(start.row, start.col + len(self.name)))
+
+
+@dataclass
+class LayerCall:
+    """A call of a BN layer object (`bn(x, training=True)`): where call-time arguments live."""
+
+    args: dict[str, Arg]
+    function: FunctionInfo | None
+    call: CallInfo
 
 
 @dataclass
@@ -235,7 +257,13 @@ class BNSite:
     call: CallInfo
     args: dict[str, Arg]  # by canonical parameter name
     function: FunctionInfo | None
-    instance_calls: list[dict[str, Arg]] = field(default_factory=list)
+    instance_calls: list[LayerCall] = field(default_factory=list)
+    unpacked: bool = False  # *args / **kwargs at the call: more arguments than are known
+    written: str = ""  # the qualified name as imported (`tensorflow.contrib.slim.batch_norm`)
+
+    def ordered_args(self) -> list[Arg]:
+        """The arguments in source order."""
+        return sorted(self.args.values(), key=lambda a: a.span.start)
 
     @property
     def span(self) -> Span:
@@ -253,6 +281,26 @@ class BNSite:
 
 
 @dataclass(frozen=True)
+class Migration:
+    """How to replace a deprecated BN API (catalogue data, read by rule BN007)."""
+
+    to: str
+    why: str
+    written: tuple[str, ...] = ()
+    since: tuple[int, ...] = ()
+    positional: int = 0
+    rename: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)
+    values: dict[str, dict[str, str]] = field(default_factory=dict)
+    split: dict[str, dict[str, str]] = field(default_factory=dict)
+    require_str: tuple[str, ...] = ()
+    refuse: dict[str, str] = field(default_factory=dict)
+    keep_unknown: bool = False
+    add: tuple[str, ...] = ()
+    display_only: bool = False
+
+
+@dataclass(frozen=True)
 class ApiRef:
     """What rules need from a catalogue entry (kept small so the IR stays front-end neutral)."""
 
@@ -265,6 +313,7 @@ class ApiRef:
     synced: bool
     defaults: dict[str, object]
     names: dict[str, str]  # canonical -> name in this API (e.g. training -> is_training)
+    migration: Migration | None = None  # set for deprecated APIs
 
     def name_of(self, canonical: str) -> str:
         return self.names.get(canonical, canonical)
@@ -385,6 +434,41 @@ class EmaApply:
 
 
 @dataclass
+class GradientSum:
+    """`tf.add_n(...)` / `tf.reduce_sum(..., 0)` over the per-tower entries of `zip(*tower_grads)`."""
+
+    kind: str  # add_n | reduce_sum
+    call: CallInfo
+    function: FunctionInfo | None
+    loop_var: str | None  # the per-variable tuple of tower gradients (`grad_and_vars`)
+    divided: bool  # divided (or multiplied by a reciprocal) afterwards
+    nested: bool  # an operand of a larger expression (a fix must parenthesize)
+
+
+@dataclass
+class AttributeSet:
+    """`bn.trainable = False`: the object is a traced BN site, or a name narrowed to a BN class
+    by an enclosing `isinstance(...)` check."""
+
+    attr: str
+    value: Value
+    span: Span
+    target: str
+    site: BNSite | None
+    guard: ApiRef | None
+    function: FunctionInfo | None
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A construct that says something about how the module runs (TF1 graph mode, ...)."""
+
+    kind: str
+    span: Span
+    text: str
+
+
+@dataclass
 class ModuleIR:
     """Everything a source file lifts into."""
 
@@ -395,9 +479,26 @@ class ModuleIR:
     collection_gets: list[CollectionGet] = field(default_factory=list)
     train_ops: list[TrainOp] = field(default_factory=list)
     ema_applies: list[EmaApply] = field(default_factory=list)
+    gradient_sums: list[GradientSum] = field(default_factory=list)
+    attribute_sets: list[AttributeSet] = field(default_factory=list)
+    graph_mode: list[Marker] = field(default_factory=list)  # TF1 graph-mode constructs
+    loss_scaled_per_tower: bool = False  # a loss divided by the tower/clone count somewhere
+    legacy_keras: bool = False  # the module selects tf-keras (TF_USE_LEGACY_KERAS)
+    arg_scoped: frozenset[str] = frozenset()  # BN API ids that an arg_scope gives defaults to
     aliases: dict[str, str] = field(default_factory=dict)  # module qualname -> local alias
     names_in_use: frozenset[str] = frozenset()
     tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)
+    targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # framework -> version
+
+    def spell(self, qualname: str) -> str | None:
+        """`qualname` written with this module's imports (`tensorflow.compat.v1.layers.x` ->
+        `tf.compat.v1.layers.x`), using the longest imported prefix; None if none is imported."""
+        parts = qualname.split(".")
+        for cut in range(len(parts), 0, -1):
+            local = self.aliases.get(".".join(parts[:cut]))
+            if local is not None:
+                return ".".join([local, *parts[cut:]])
+        return None
 
     def alias(self, *modules: str) -> str | None:
         """The local name bound to the first of `modules` that is imported."""

@@ -74,7 +74,7 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
         enabled = settings.enabled(book)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    return book, settings, Engine(book, enabled)
+    return book, settings, Engine(book, enabled, settings.targets)
 
 
 # -- running over files -------------------------------------------------------------------
@@ -82,9 +82,9 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
 _WORKER: Engine | None = None
 
 
-def _init_worker(enabled: frozenset[str]) -> None:
+def _init_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]]) -> None:
     global _WORKER
-    _WORKER = Engine(load_rulebook(), enabled)
+    _WORKER = Engine(load_rulebook(), enabled, targets)
 
 
 def _run_chunk(items: list[tuple[str, frozenset[str]]], fix: bool, unsafe: bool) -> list[FileResult]:
@@ -114,7 +114,7 @@ def run_files(engine: Engine, settings: Settings, candidates: Iterable[Candidate
     context = multiprocessing.get_context(method)
     chunks = _chunks(itertools.chain(head, items), CHUNK)
     with futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                     initargs=(engine.enabled,)) as pool:
+                                     initargs=(engine.enabled, engine.targets)) as pool:
         pending: list[futures.Future[list[FileResult]]] = []
         for chunk in chunks:
             pending.append(pool.submit(_run_chunk, chunk, fix, unsafe))

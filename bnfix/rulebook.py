@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bnfix.ir import ApiRef
+from bnfix.ir import ApiRef, Migration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -123,6 +123,7 @@ class ApiSpec:
     momentum_convention: str
     synced: bool
     synced_counterpart: str | None
+    migration: Migration | None = None
 
     def canonical_name(self, param: str) -> str:
         return self.canonical.get(param, param)
@@ -139,6 +140,7 @@ class ApiSpec:
             synced=self.synced,
             defaults=dict(self.defaults),
             names={canon: name for name, canon in self.canonical.items()},
+            migration=self.migration,
         )
 
 
@@ -270,6 +272,7 @@ def _load_rule(path: Path) -> Rule:
 def _load_catalogue(folder: Path) -> Catalogue:
     cat = Catalogue()
     aliases: list[tuple[str, str]] = []
+    migrations: list[tuple[Path, dict[str, Any]]] = []
     for path in sorted(folder.glob("*.toml")):
         data = _read_toml(path)
         for alias in data.get("alias", []):
@@ -295,11 +298,43 @@ def _load_catalogue(folder: Path) -> Catalogue:
                     raise RuleBookError(f"{path}: `{name}` is in two catalogue entries")
                 cat.apis[name] = spec
         for key in ("functions", "methods", "collections", "train_ops", "variable_sources",
-                    "collection_sources"):
+                    "collection_sources", "training_flags"):
             if key in data:
                 cat.tf1.setdefault(key, {}).update(data[key])
+        migrations.extend((path, m) for m in data.get("migration", []))
     cat.aliases = sorted(aliases, key=lambda a: -len(a[0]))
+    by_id = {spec.id: spec for spec in cat.apis.values()}
+    for path, entry in migrations:
+        source = by_id.get(_require(entry, "from", path))
+        if source is None:
+            raise RuleBookError(f"{path}: migration from unknown API id `{entry['from']}`")
+        migrated = replace(source, migration=_migration(entry, path))
+        for name in source.names:
+            cat.apis[name] = migrated
     return cat
+
+
+def _version(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".")) if text else ()
+
+
+def _migration(entry: dict[str, Any], path: Path) -> Migration:
+    return Migration(
+        to=_require(entry, "to", path),
+        why=_require(entry, "why", path),
+        written=tuple(entry.get("written", ())),
+        since=_version(entry.get("since")),
+        positional=int(entry.get("positional", 0)),
+        rename=dict(entry.get("rename", {})),
+        defaults=dict(entry.get("defaults", {})),
+        values={k: dict(v) for k, v in entry.get("values", {}).items()},
+        split={k: dict(v) for k, v in entry.get("split", {}).items()},
+        require_str=tuple(entry.get("require_str", ())),
+        refuse=dict(entry.get("refuse", {})),
+        keep_unknown=bool(entry.get("keep_unknown", False)),
+        add=tuple(entry.get("add", ())),
+        display_only=bool(entry.get("display_only", False)),
+    )
 
 
 def load_rulebook(root: Path | None = None) -> RuleBook:

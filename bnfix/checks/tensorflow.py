@@ -1,4 +1,5 @@
-"""TF1 training-graph rules: the four bugs of seed 000 (BN001-BN004)."""
+"""TF1 training-graph rules: the four bugs of seed 000 (BN001-BN004), summed tower gradients
+(BN005) and a training flag that is not passed on (BN010)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from bnfix.checks import check
 from bnfix.ir import (
     Applicability,
+    Arg,
     Binding,
     BNSite,
     CallInfo,
@@ -18,7 +20,10 @@ from bnfix.ir import (
     Finding,
     Fix,
     FromParam,
+    FunctionInfo,
+    GradientSum,
     ModuleIR,
+    Pos,
     Span,
     TowerLoop,
     TrainOp,
@@ -65,7 +70,8 @@ def _contexts(site: BNSite) -> Iterator[_Context]:
             yield _Context(b.value(trainable), b.value(site.value("training")), b)
         return
     default = site.api.defaults.get("training")
-    for args in site.instance_calls:
+    for layer_call in site.instance_calls:
+        args = layer_call.args
         training: Value | None = args["training"].value if "training" in args else Const(
             default, repr(default), None)
         outer = training.function if isinstance(training, FromParam) else None
@@ -315,3 +321,97 @@ def _bn004_fix(module: ModuleIR, var_list: VarsExpr) -> Fix:
             return Fix(DISPLAY, "Average `trainable_variables()` only", ())
         kept.insert(0, f"{prefix}.trainable_variables()")
     return Fix(UNSAFE, "Average trainable variables only", (Edit(var_list.span, " + ".join(kept)),))
+
+
+# ---------------------------------------------------------------------------------------------
+# BN005 summed-tower-gradients
+
+
+@check("BN005")
+def summed_tower_gradients(module: ModuleIR) -> Iterator[Finding]:
+    if module.loss_scaled_per_tower:
+        return  # each tower's loss is already divided by the tower count: the sum is right
+    for total in module.gradient_sums:
+        if total.divided:
+            continue
+        what = "tf.add_n" if total.kind == "add_n" else "tf.reduce_sum(..., 0)"
+        message = (
+            f"tower gradients are combined with `{what}` (a sum over the towers) without a "
+            "division by the tower count and without per-tower loss scaling: each step applies "
+            "N times the single-device update; average them"
+        )
+        yield Finding("BN005", total.call.span, message, _bn005_fix(total))
+
+
+def _bn005_fix(total: GradientSum) -> Fix:
+    call = total.call
+    if total.kind == "reduce_sum":
+        name = "reduce_sum"
+        if "\n" in call.callee or not call.callee.endswith(name):
+            return Fix(DISPLAY, "Use `reduce_mean` over the tower axis", ())
+        start = Pos(call.span.start.row, call.span.start.col + len(call.callee) - len(name))
+        edit = Edit(Span(start, Pos(start.row, start.col + len(name))), "reduce_mean")
+        return Fix(UNSAFE, "Average over the tower axis (`reduce_mean`)", (edit,))
+    if total.loop_var is None:
+        return Fix(DISPLAY, "Divide the sum by the number of towers", ())
+    divide = f" / len({total.loop_var})"
+    if total.nested:
+        edits = (Edit(Span.at(call.span.start), "("), Edit(Span.at(call.span.end), divide + ")"))
+    else:
+        edits = (Edit(Span.at(call.span.end), divide),)
+    return Fix(UNSAFE, f"Divide by the number of towers (`len({total.loop_var})`)", edits)
+
+
+# ---------------------------------------------------------------------------------------------
+# BN010 hardcoded-training-mode
+
+EVALUATION_NAMES = ("eval", "evaluate", "evaluation", "test", "predict", "infer", "inference",
+                    "serve", "serving", "validate", "validation", "val")
+
+
+def _is_evaluation(function: FunctionInfo | None) -> bool:
+    if function is None:
+        return False
+    words = function.name.lower().strip("_").split("_")
+    return any(word in EVALUATION_NAMES for word in words)
+
+
+def _literal_true(arg: Arg | None) -> bool:
+    """`training=True` written at the call itself (not a constant defined elsewhere)."""
+    return arg is not None and is_const(arg.value, True) and arg.value.span == arg.value_span
+
+
+@check("BN010")
+def hardcoded_training_mode(module: ModuleIR) -> Iterator[Finding]:
+    for site in module.bn_sites:
+        places = [(site.args.get("training"), site.function, site.call.callee)]
+        places += [(c.args.get("training"), c.function, c.call.callee) for c in site.instance_calls]
+        for arg, function, callee in places:
+            if arg is None or not _literal_true(arg) or function is None:
+                continue
+            flag = function.training_flag
+            written = f"{arg.name}=True" if arg.keyword else "True"
+            if flag is not None:
+                message = (
+                    f"`{callee}(..., {written})` inside `{function.name}`, which receives the "
+                    f"training flag `{flag}`: this BN always normalizes with batch statistics "
+                    "and updates its moving averages, also when the model is evaluated; pass the flag"
+                )
+                yield Finding("BN010", arg.span, message, _bn010_fix(module, arg, flag))
+            elif _is_evaluation(function):
+                message = (
+                    f"`{callee}(..., {written})` in the evaluation function `{function.name}`: "
+                    "evaluation then normalizes with the batch's statistics (results depend on "
+                    "the batch) and moves the moving averages; use training=False"
+                )
+                fix = Fix(UNSAFE, "Evaluate in inference mode", (Edit(arg.value_span, "False"),))
+                yield Finding("BN010", arg.span, message, fix)
+
+
+def _bn010_fix(module: ModuleIR, arg: Arg, flag: str) -> Fix:
+    if flag != "mode":
+        return Fix(UNSAFE, f"Pass the function's `{flag}`", (Edit(arg.value_span, flag),))
+    train = module.spell("tensorflow.estimator.ModeKeys.TRAIN")
+    if train is None:
+        return Fix(DISPLAY, "Pass `mode == tf.estimator.ModeKeys.TRAIN`", ())
+    return Fix(UNSAFE, f"Pass `mode == {train}`", (Edit(arg.value_span, f"mode == {train}"),))

@@ -195,11 +195,12 @@ def summary(remaining: Sequence[Diagnostic], fixed: int, unsafe: bool) -> str:
 
 def unified_diff(result: FileResult) -> str:
     assert result.original is not None and result.new_text is not None
+    relative = not os.path.isabs(result.path)
     diff = difflib.unified_diff(
         result.original.splitlines(keepends=True),
         result.new_text.splitlines(keepends=True),
-        fromfile=f"a/{result.path}",
-        tofile=f"b/{result.path}",
+        fromfile=f"a/{result.path}" if relative else result.path,
+        tofile=f"b/{result.path}" if relative else result.path,
     )
     text = "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n"
                    for line in diff)

@@ -6,10 +6,13 @@ the families they hold. Works on recorded nodes only: it never walks the module 
 from __future__ import annotations
 
 import ast
+import operator
+import re
 from collections import defaultdict
 
 from bnfix.ir import (
     Arg,
+    AttributeSet,
     BNSite,
     CallInfo,
     CallSite,
@@ -18,6 +21,9 @@ from bnfix.ir import (
     EmaApply,
     FromParam,
     FunctionInfo,
+    GradientSum,
+    LayerCall,
+    Marker,
     ModuleIR,
     Param,
     Pos,
@@ -32,9 +38,11 @@ from bnfix.ir import (
 )
 from bnfix.rulebook import ApiSpec
 from bnfix.source.text import SourceText
-from bnfix.source.walk import Ctx, Loop, RawCall, Walker, fkey
+from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, fkey
 
 TRACE_DEPTH = 6
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+               ast.Div: operator.truediv}
 
 
 class Resolver:
@@ -52,7 +60,7 @@ class Resolver:
         self._resolve_call_sites()
         towers = self._towers()
         module = ModuleIR(path=self.path, functions=list(self.w.functions), tower_loops=towers)
-        module.bn_sites = [self._bn_site(raw, spec, qual) for raw, spec, qual in self.w.bn_raw]
+        module.bn_sites = [self._bn_site(raw, spec) for raw, spec in self.w.bn_raw]
         self._instance_calls(module.bn_sites)
         module.collection_gets = [self._collection_get(raw, towers) for raw in self.w.gets.values()]
         runs_update_ops = any("UPDATE_OPS" in self._keys(r.call, r.ctx.function) for r in self.w.run_raw)
@@ -63,6 +71,15 @@ class Resolver:
             module.aliases.setdefault(target, local)
         module.names_in_use = frozenset(self.w.names)
         module.tf1_prefix = self._tf1_prefix()
+        module.gradient_sums = [g for g in map(self._gradient_sum, self.w.sum_raw) if g is not None]
+        module.attribute_sets = [self._attribute_set(*item, module.bn_sites)
+                                 for item in self.w.attr_sets]
+        module.graph_mode = [Marker(kind, self.text.span(node), self.text.slice(self.text.span(node)))
+                             for kind, node in self.w.markers]
+        module.loss_scaled_per_tower = self.w.averages_loss or any(
+            self._scales_loss(d.left, d.right) for d in self.w.divisions)
+        module.legacy_keras = "TF_USE_LEGACY_KERAS" in self.text.text
+        module.arg_scoped = frozenset(self.w.arg_scoped)
         return module
 
     def _tf1_prefix(self) -> str | None:
@@ -74,7 +91,78 @@ class Resolver:
             return f"{tf}.compat.v1" if self.w.uses_compat_v1 else tf
         return None
 
+    def _gradient_sum(self, item: tuple[RawCall, Zip]) -> GradientSum | None:
+        """A sum over the towers of one variable's gradients, or None if the call sums
+        something else (another axis, values not derived from the loop's tuple)."""
+        raw, loop = item
+        call = raw.call
+        function = raw.ctx.function
+        if not call.args:
+            return None
+        if raw.kind == "reduce_sum":
+            axis = call.args[1] if len(call.args) > 1 else next(
+                (k.value for k in call.keywords if k.arg in ("axis", "reduction_indices")), None)
+            if axis is None or not _is_axis_zero(axis):
+                return None
+        if not self._derives_from(call.args[0], loop.targets, function):
+            return None
+        target = _assigned_name(raw.stmt, call)
+        divided = id(call) in self.w.divided or (
+            target is not None and (fkey(function), target) in self.w.divided_names)
+        stmt_value = getattr(raw.stmt, "value", None)
+        nested = stmt_value is not call and not (raw.parents and call in raw.parents[-1].args)
+        return GradientSum(raw.kind, call_info(self.text, call), function, loop.name, divided, nested)
+
+    def _derives_from(self, expr: ast.expr, names: frozenset[str], function: FunctionInfo | None,
+                      depth: int = 0, seen: frozenset[str] = frozenset()) -> bool:
+        """`expr` is computed from one of `names`, directly or through local assignments."""
+        if depth > TRACE_DEPTH:
+            return False
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                if node.id in names:
+                    return True
+                if node.id in seen:
+                    continue
+                for _, value, _ in self.w.defs.get((fkey(function), node.id), []):
+                    if self._derives_from(value, names, function, depth + 1, seen | {node.id}):
+                        return True
+        return False
+
+    def _scales_loss(self, left: ast.expr, right: ast.expr) -> bool:
+        """`loss / num_towers`, `tf.div(total_loss, 1.0 * num_clones)`: per-tower loss scaling."""
+        numerator = self.text.slice(self.text.span(left)).lower()
+        denominator = self.text.slice(self.text.span(right)).lower()
+        return "loss" in numerator and _TOWER_COUNT.search(denominator) is not None
+
+    def _attribute_set(self, target: ast.Attribute, value: ast.expr, stmt: ast.stmt, ctx: Ctx,
+                       sites: list[BNSite]) -> AttributeSet:
+        owner = self.text.slice(self.text.span(target.value))
+        site = None
+        for candidate in sites:
+            key = self._site_targets.get(id(candidate))
+            if key is None:
+                continue
+            name, scope = key
+            if name == owner and (scope is ctx.function or (
+                    owner.startswith("self.") and ctx.function is not None
+                    and scope == ctx.function.class_name)):
+                site = candidate
+                break
+        guard = None
+        for name, classes in ctx.guards:
+            if name == owner:
+                options = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+                for option in options:
+                    spec = self.w.cat.apis.get(self.w.qualname(option) or "")
+                    if spec is not None:
+                        guard = spec.ref
+        return AttributeSet(target.attr, self.value(value, ctx.function), self.text.span(stmt),
+                            owner, site, guard, ctx.function)
+
     def _resolve_defaults(self, function: FunctionInfo) -> None:
+        function.training_flag = next(
+            (p for p in function.params if p in self.vocab.training_flags), None)
         for name, expr in self.w.defaults[id(function)].items():
             param = function.params[name]
             value = self.value(expr, None)
@@ -87,7 +175,7 @@ class Resolver:
         by_name: dict[tuple[str | None, str], list[FunctionInfo]] = defaultdict(list)
         for function in self.w.functions:
             by_name[(function.class_name, function.name)].append(function)
-        needed = {id(raw.ctx.function) for raw, _, _ in self.w.bn_raw if raw.ctx.function}
+        needed = {id(raw.ctx.function) for raw, _ in self.w.bn_raw if raw.ctx.function}
         done: set[tuple[int, int]] = set()
         for _ in range(3):
             callers: set[int] = set()
@@ -186,17 +274,30 @@ class Resolver:
             if isinstance(arg, ast.Starred) or i >= len(params):
                 break
             name = params[i]
-            args[spec.canonical_name(name)] = Arg(name, self.value(arg, function),
-                                                  self.text.span(arg), False)
+            span = self.text.span(arg)
+            args[spec.canonical_name(name)] = Arg(name, self.value(arg, function), span, False, span,
+                                                  self.text.slice(span), self._items(arg))
         for kw in raw.call.keywords:
             if kw.arg is not None:
+                value_span = self.text.span(kw.value)
                 args[spec.canonical_name(kw.arg)] = Arg(
-                    kw.arg, self.value(kw.value, function), self.text.span(kw), True)
+                    kw.arg, self.value(kw.value, function), self.text.span(kw), True,
+                    value_span, self.text.slice(value_span), self._items(kw.value))
         return args
 
-    def _bn_site(self, raw: RawCall, spec: ApiSpec, qual: str) -> BNSite:
+    def _items(self, expr: ast.expr) -> tuple[tuple[object, str], ...] | None:
+        """A dict literal with constant keys as (key, value text) pairs (`param_initializers`)."""
+        if not isinstance(expr, ast.Dict) or not all(
+                isinstance(k, ast.Constant) for k in expr.keys):
+            return None
+        return tuple((k.value, self.text.slice(self.text.span(v)))  # type: ignore[union-attr]
+                     for k, v in zip(expr.keys, expr.values))
+
+    def _bn_site(self, raw: RawCall, spec: ApiSpec) -> BNSite:
         args = self._api_args(raw, spec, spec.params)
-        site = BNSite(spec.ref, qual, call_info(self.text, raw.call), args, raw.ctx.function)
+        qual = self.w.cat.normalize(raw.written)
+        site = BNSite(spec.ref, qual, call_info(self.text, raw.call), args, raw.ctx.function,
+                      unpacked=_unpacks(raw.call), written=raw.written)
         target = self._assigned_target(raw)
         if target is not None:
             self._site_targets[id(site)] = target
@@ -215,7 +316,7 @@ class Resolver:
 
     def _instance_calls(self, sites: list[BNSite]) -> None:
         """Calls of a BN layer object (`bn(x, training=...)`), for APIs with call-time args."""
-        by_call = {id(raw.call): site for (raw, _, _), site in zip(self.w.bn_raw, sites)}
+        by_call = {id(raw.call): site for (raw, _), site in zip(self.w.bn_raw, sites)}
         targets: dict[tuple[str, object], BNSite] = {}
         for site in sites:
             target = self._site_targets.get(id(site))
@@ -234,7 +335,8 @@ class Resolver:
             if site is None:
                 continue
             spec = self.w.cat.apis[site.qualname]
-            site.instance_calls.append(self._api_args(raw, spec, spec.call_params))
+            site.instance_calls.append(LayerCall(self._api_args(raw, spec, spec.call_params),
+                                                 raw.ctx.function, call_info(self.text, raw.call)))
 
     def _collection_get(self, raw: RawCall, towers: list[TowerLoop]) -> CollectionGet:
         call = raw.call
@@ -380,7 +482,18 @@ class Resolver:
             if len(defs) == 1 and defs[0][0] == "assign":
                 owner = function if local else None
                 return self.value(defs[0][1], owner, depth + 1)
-        return Unknown(self.text.slice(span), span)
+        if isinstance(expr, ast.BinOp) and type(expr.op) in _ARITHMETIC and depth < TRACE_DEPTH:
+            left = self.value(expr.left, function, depth + 1)
+            right = self.value(expr.right, function, depth + 1)
+            if _number(left) and _number(right):
+                try:
+                    folded = _ARITHMETIC[type(expr.op)](left.value, right.value)  # type: ignore[union-attr]
+                except ZeroDivisionError:
+                    folded = None
+                if folded is not None:
+                    return Const(folded, self.text.slice(span), span)
+        qualname = self.w.qualname(expr) if isinstance(expr, (ast.Attribute, ast.Name)) else None
+        return Unknown(self.text.slice(span), span, qualname)
 
     def _keys(self, expr: ast.AST, function: FunctionInfo | None, depth: int = 0,
               seen: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -489,3 +602,24 @@ def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:
             isinstance(stmt.targets[0], ast.Name):
         return stmt.targets[0].id
     return None
+
+
+_TOWER_COUNT = re.compile(r"tower|gpu|clone|replica|device|worker|split")
+
+
+def _number(value: Value) -> bool:
+    return isinstance(value, Const) and isinstance(value.value, (int, float)) and \
+        not isinstance(value.value, bool)
+
+
+def _is_axis_zero(expr: ast.expr) -> bool:
+    if isinstance(expr, ast.Constant):
+        return expr.value == 0 and not isinstance(expr.value, bool)
+    if isinstance(expr, (ast.List, ast.Tuple)) and len(expr.elts) == 1:
+        return _is_axis_zero(expr.elts[0])
+    return False
+
+
+def _unpacks(call: ast.Call) -> bool:
+    return any(isinstance(a, ast.Starred) for a in call.args) or \
+        any(k.arg is None for k in call.keywords)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bnfix.ir import Block, FunctionInfo, Param, WithItem
 from bnfix.rulebook import ApiSpec, Catalogue
@@ -15,6 +15,7 @@ from bnfix.source.imports import ImportTable
 from bnfix.source.text import SourceText
 
 RANGE_NAMES = {"range", "xrange", "six.moves.range", "six.moves.xrange"}
+WATCHED_ATTRIBUTES = frozenset({"trainable"})  # `layer.<attr> = value` assignments recorded
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Vocabulary:
     train_helpers: frozenset[str]
     var_sources: dict[str, frozenset[str]]
     coll_sources: dict[str, frozenset[str]]
+    training_flags: frozenset[str]
 
 
 @functools.lru_cache(maxsize=8)
@@ -52,6 +54,7 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
         train_helpers=frozenset(train.get("with_update_ops", ())),
         var_sources={k: frozenset(v) for k, v in tf1.get("variable_sources", {}).items()},
         coll_sources={k: frozenset(v) for k, v in tf1.get("collection_sources", {}).items()},
+        training_flags=frozenset(tf1.get("training_flags", {}).get("names", ())),
     )
 
 
@@ -65,6 +68,7 @@ class Loop:
     reuse: bool = False
     device: tuple[WithItem, Block | None] | None = None
     name_scope: WithItem | None = None
+    zip_star: bool = False  # `for grad_and_vars in zip(*tower_grads)`: one entry per tower
 
 
 @dataclass
@@ -82,6 +86,16 @@ class Ctx:
     class_name: str | None = None
     withs: tuple[WithFrame, ...] = ()
     loops: tuple[Loop, ...] = ()
+    guards: tuple[tuple[str, ast.expr], ...] = ()  # `if isinstance(name, Class):` around here
+
+
+@dataclass
+class Division:
+    """`a / b`, `tf.div(a, b)`, `a * (1 / b)`: what is divided by what."""
+
+    left: ast.expr
+    right: ast.expr
+    function: FunctionInfo | None
 
 
 @dataclass
@@ -91,6 +105,15 @@ class RawCall:
     stmt: ast.stmt
     parents: tuple[ast.Call, ...] = ()  # the calls whose arguments hold this one
     kind: str = ""  # for train ops: minimize, apply_gradients, create_train_op ...
+    written: str = ""  # for BN calls: the qualified name as imported, before aliases
+
+
+@dataclass(frozen=True)
+class Zip:
+    """A loop over `zip(*tower_values)`: its target names, and the name of the per-entry tuple."""
+
+    targets: frozenset[str]
+    name: str | None
 
 
 def fkey(function: FunctionInfo | None) -> int:
@@ -116,7 +139,7 @@ class Walker:
         self.loads: dict[tuple[int, str], int] = defaultdict(int)
         self.names: set[str] = set()
         self.class_names: set[str] = set()
-        self.bn_raw: list[tuple[RawCall, ApiSpec, str]] = []
+        self.bn_raw: list[tuple[RawCall, ApiSpec]] = []
         self.gets: dict[int, RawCall] = {}
         self.train_raw: list[RawCall] = []
         self.group_raw: list[RawCall] = []
@@ -125,6 +148,14 @@ class Walker:
         self.local_calls: list[RawCall] = []
         self.loops: list[Loop] = []
         self.uses_compat_v1 = False
+        self.sum_raw: list[tuple[RawCall, Zip]] = []
+        self.divisions: list[Division] = []
+        self.divided: set[int] = set()  # ids of expressions that are divided
+        self.divided_names: set[tuple[int, str]] = set()
+        self.attr_sets: list[tuple[ast.Attribute, ast.expr, ast.stmt, Ctx]] = []
+        self.arg_scoped: set[str] = set()  # BN API ids named in an arg_scope
+        self.markers: list[tuple[str, ast.AST]] = []
+        self.averages_loss = False  # tf.nn.compute_average_loss & co.
 
     def walk(self) -> Walker:
         for stmt in self.tree.body:  # module-level imports first: they bind file-wide
@@ -145,7 +176,7 @@ class Walker:
             self.class_names.add(stmt.name)
             for expr in [*stmt.bases, *stmt.decorator_list]:
                 self._expr(expr, ctx, stmt)
-            self._body(stmt.body, Ctx(None, stmt.name, ctx.withs, ctx.loops))
+            self._body(stmt.body, replace(ctx, function=None, class_name=stmt.name, guards=()))
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             self.imports.add(stmt)
             for alias in stmt.names:
@@ -173,6 +204,12 @@ class Walker:
             self._expr(stmt.target, ctx, stmt)
             kind = "accumulate" if isinstance(stmt.op, ast.Add) else "assign"
             self._bind_target(stmt.target, stmt.value, stmt, ctx, kind)
+            if isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and _reciprocal(stmt.value)):
+                self._note_division(stmt.target, stmt.value, ctx)
+        elif isinstance(stmt, ast.If) and (guard := _isinstance_guard(stmt.test)) is not None:
+            self._expr(stmt.test, ctx, stmt)
+            self._body(stmt.body, replace(ctx, guards=(*ctx.guards, guard)))
+            self._body(stmt.orelse, ctx)
         else:
             for name, value in ast.iter_fields(stmt):
                 if isinstance(value, list):
@@ -211,6 +248,8 @@ class Walker:
                     self.names.add(inner.id)
                     self.defs[(key, inner.id)].append(("unknown", value, stmt))
         else:
+            if isinstance(target, ast.Attribute) and target.attr in WATCHED_ATTRIBUTES:
+                self.attr_sets.append((target, value, stmt, ctx))
             self._expr(target, ctx, stmt)
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, ctx: Ctx) -> None:
@@ -241,8 +280,8 @@ class Walker:
         self.functions.append(function)
         if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list):
             self.static.add(id(function))
-        self._body(node.body, Ctx(function, ctx.class_name if ctx.function is None else None,
-                                   ctx.withs, ctx.loops))
+        self._body(node.body, replace(ctx, function=function,
+                                      class_name=ctx.class_name if ctx.function is None else None))
 
     def _for(self, node: ast.For | ast.AsyncFor, ctx: Ctx) -> None:
         self._expr(node.iter, ctx, node)
@@ -250,8 +289,8 @@ class Walker:
         self.names.update(targets)
         loop_var, zero = self._loop_index(node)
         loop = Loop(node, ctx.function, targets, loop_var, zero,
-                     reuse=any(w.reuse for w in ctx.withs))
-        inner = Ctx(ctx.function, ctx.class_name, ctx.withs, (*ctx.loops, loop))
+                    reuse=any(w.reuse for w in ctx.withs), zip_star=_is_zip_star(node.iter))
+        inner = replace(ctx, loops=(*ctx.loops, loop))
         self._body(node.body, inner)
         self._body(node.orelse, ctx)
         self.loops.append(loop)
@@ -288,7 +327,7 @@ class Walker:
         withs = ctx.withs + tuple(frames)
         for frame in frames:
             self._note_scope(frame, node, ctx)
-        self._body(node.body, Ctx(ctx.function, ctx.class_name, withs, ctx.loops))
+        self._body(node.body, replace(ctx, withs=withs))
 
     def _with_frame(self, item: ast.withitem, as_name: str | None, node: ast.With | ast.AsyncWith,
                     ctx: Ctx) -> WithFrame:
@@ -333,6 +372,12 @@ class Walker:
             elif frame.category == "name_scope" and loop.name_scope is None:
                 loop.name_scope = frame.item
 
+    def _note_division(self, left: ast.expr, right: ast.expr, ctx: Ctx) -> None:
+        self.divisions.append(Division(left, right, ctx.function))
+        self.divided.add(id(left))
+        if isinstance(left, ast.Name):
+            self.divided_names.add((fkey(ctx.function), left.id))
+
     def _block(self, node: ast.With | ast.AsyncWith) -> Block | None:
         first, last = node.body[0], node.body[-1]
         if first.lineno == node.lineno:
@@ -346,9 +391,9 @@ class Walker:
         """Visit every call in `root`, outermost first, knowing the calls around each."""
         key = fkey(ctx.function)
         loads = self.loads
-        stack: list[tuple[ast.AST, tuple[ast.Call, ...]]] = [(root, ())]
+        stack: list[tuple[ast.AST, tuple[ast.Call, ...], tuple[Zip, ...]]] = [(root, (), ())]
         while stack:
-            node, parents = stack.pop()
+            node, parents, zips = stack.pop()
             kind = type(node)
             if kind is ast.Name:
                 if type(node.ctx) is ast.Load:  # type: ignore[attr-defined]
@@ -357,17 +402,30 @@ class Walker:
             if kind is ast.Constant:
                 continue
             if kind is ast.Call:
-                self._call(node, ctx, stmt, parents)  # type: ignore[arg-type]
+                self._call(node, ctx, stmt, parents, zips)  # type: ignore[arg-type]
                 parents = (*parents, node)  # type: ignore[assignment]
+            elif kind in _COMPREHENSIONS:
+                for generator in node.generators:  # type: ignore[attr-defined]
+                    if _is_zip_star(generator.iter):
+                        zips = (*zips, _zip(generator.target))
+            elif kind is ast.BinOp:
+                op = type(node.op)  # type: ignore[attr-defined]
+                if op is ast.Div:
+                    self._note_division(node.left, node.right, ctx)  # type: ignore[attr-defined]
+                elif op is ast.Mult:
+                    if _reciprocal(node.right):  # type: ignore[attr-defined]
+                        self._note_division(node.left, node.right, ctx)  # type: ignore[attr-defined]
+                    elif _reciprocal(node.left):  # type: ignore[attr-defined]
+                        self._note_division(node.right, node.left, ctx)  # type: ignore[attr-defined]
             elif kind is ast.NamedExpr and isinstance(node.target, ast.Name):  # type: ignore[attr-defined]
                 self.names.add(node.target.id)  # type: ignore[attr-defined]
                 self.defs[(key, node.target.id)].append(("assign", node.value, stmt))  # type: ignore[attr-defined]
             for field in _child_fields(kind):
                 value = getattr(node, field)
                 if type(value) is list:
-                    stack.extend((item, parents) for item in value if isinstance(item, ast.AST))
+                    stack.extend((item, parents, zips) for item in value if isinstance(item, ast.AST))
                 elif value is not None and not isinstance(value, (str, int, float)):
-                    stack.append((value, parents))
+                    stack.append((value, parents, zips))
 
     def qualname(self, func: ast.expr) -> str | None:
         qual = self.imports.qualname(func)
@@ -377,14 +435,16 @@ class Walker:
             self.uses_compat_v1 = True
         return self.cat.normalize(qual)
 
-    def _call(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt, parents: tuple[ast.Call, ...]) -> None:
+    def _call(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt, parents: tuple[ast.Call, ...],
+              zips: tuple[Zip, ...] = ()) -> None:
         func = call.func
         qual = self.qualname(func)
         raw = RawCall(call, ctx, stmt, parents)
         if qual is not None:
             spec = self.cat.apis.get(qual)
             if spec is not None:
-                self.bn_raw.append((raw, spec, qual))
+                raw.written = self.imports.qualname(func) or qual
+                self.bn_raw.append((raw, spec))
                 return
             kind = self.vocab.fn_kind.get(qual)
             if kind == "get_collection":
@@ -394,6 +454,29 @@ class Walker:
             elif qual in self.vocab.train_helpers:
                 raw.kind = qual.rsplit(".", 1)[-1]
                 self.train_raw.append(raw)
+            elif kind in ("add_n", "reduce_sum"):
+                loop = next((lp for lp in reversed(ctx.loops) if lp.zip_star), None)
+                inner = zips[-1] if zips else (_zip(loop.node.target) if loop else None)
+                if inner is not None:
+                    raw.kind = kind
+                    self.sum_raw.append((raw, inner))
+            elif kind == "divide" and len(call.args) >= 2:
+                self._note_division(call.args[0], call.args[1], ctx)
+            elif kind == "multiply" and len(call.args) >= 2:
+                first, second = call.args[0], call.args[1]
+                if _reciprocal(second):
+                    self._note_division(first, second, ctx)
+                elif _reciprocal(first):
+                    self._note_division(second, first, ctx)
+            elif kind == "arg_scope" and call.args and isinstance(call.args[0], (ast.List, ast.Tuple)):
+                for element in call.args[0].elts:
+                    spec = self.cat.apis.get(self.qualname(element) or "")
+                    if spec is not None:
+                        self.arg_scoped.add(spec.id)
+            elif kind == "graph_mode":
+                self.markers.append(("graph_mode", call))
+            elif kind == "average_loss":
+                self.averages_loss = True
             return
         if isinstance(func, ast.Attribute):
             attr = func.attr
@@ -410,6 +493,9 @@ class Walker:
                 self.apply_raw.append(raw)
             elif attr == "run":
                 self.run_raw.append(raw)
+            elif attr == "as_default" and isinstance(func.value, ast.Call) and \
+                    self.vocab.fn_kind.get(self.qualname(func.value.func) or "") == "graph":
+                self.markers.append(("graph_mode", call))
             elif attr in ("extend", "append") and isinstance(func.value, ast.Name) and call.args:
                 self.defs[(fkey(ctx.function), func.value.id)].append(
                     ("accumulate", call.args[0], stmt))
@@ -436,3 +522,32 @@ def _dotted(expr: ast.expr) -> str | None:
         parts.append(expr.id)
         return ".".join(reversed(parts))
     return None
+
+
+def _reciprocal(expr: ast.expr) -> bool:
+    """`1 / n`, `1.0 / n`: multiplying by it divides."""
+    return isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div) and \
+        isinstance(expr.left, ast.Constant) and expr.left.value == 1
+
+
+def _isinstance_guard(test: ast.expr) -> tuple[str, ast.expr] | None:
+    """`isinstance(layer, BatchNormalization)` -> ("layer", <the class expression>)."""
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and \
+            test.func.id == "isinstance" and len(test.args) == 2 and \
+            isinstance(test.args[0], ast.Name):
+        return test.args[0].id, test.args[1]
+    return None
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _is_zip_star(expr: ast.expr) -> bool:
+    """`zip(*tower_grads)`: one entry per variable, holding one value per tower."""
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and \
+        expr.func.id == "zip" and len(expr.args) == 1 and isinstance(expr.args[0], ast.Starred)
+
+
+def _zip(target: ast.expr) -> Zip:
+    names = frozenset(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return Zip(names, target.id if isinstance(target, ast.Name) else None)

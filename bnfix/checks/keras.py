@@ -1,0 +1,80 @@
+"""Keras rules: trainable=False means inference mode (BN009), and a Keras 3 BN in TF1 graph
+mode never updates its moving statistics (BN011)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bnfix.checks import check
+from bnfix.ir import Applicability, BNSite, Edit, Finding, Fix, ModuleIR, is_const
+
+KERAS3_TENSORFLOW = (2, 16)  # tf.keras is Keras 3 from TensorFlow 2.16 on
+
+
+def _tensorflow(module: ModuleIR) -> tuple[int, ...]:
+    return module.targets.get("tensorflow", ())
+
+
+BN009_MESSAGE = (
+    "{what}: since TF 2.0 a Keras BatchNormalization with trainable=False also runs in inference "
+    "mode (normalizes with its moving statistics and never updates them). If this freezes BN for "
+    "fine-tuning, that is what happens (say so with `# noqa: BN009`); if it ports PyTorch's "
+    "`affine=False` (no learnable scale/offset), use `center=False, scale=False` instead"
+)
+
+
+@check("BN009")
+def keras_trainable_false_is_inference(module: ModuleIR) -> Iterator[Finding]:
+    if _tensorflow(module) < (2, 0):
+        return
+    for site in module.bn_sites:
+        arg = site.args.get("trainable")
+        if site.api.trainable_semantics != "inference" or arg is None:
+            continue
+        if is_const(arg.value, False):
+            what = f"`{site.call.callee}(trainable=False)`"
+            fix = Fix(Applicability.DISPLAY_ONLY,
+                      "For a port of `affine=False`: `center=False, scale=False`",
+                      (Edit(arg.span, "center=False, scale=False"),))
+            yield Finding("BN009", arg.span, BN009_MESSAGE.format(what=what), fix)
+    for assignment in module.attribute_sets:
+        if assignment.attr != "trainable" or not is_const(assignment.value, False):
+            continue
+        site: BNSite | None = assignment.site
+        api = site.api if site is not None else assignment.guard
+        if api is None or api.trainable_semantics != "inference":
+            continue
+        what = f"`{assignment.target}.trainable = False` on a BatchNormalization layer"
+        fix = Fix(Applicability.DISPLAY_ONLY,
+                  "For a port of `affine=False`: build the layer with `center=False, scale=False`")
+        yield Finding("BN009", assignment.span, BN009_MESSAGE.format(what=what), fix)
+
+
+def _keras3(site: BNSite, module: ModuleIR) -> bool:
+    """The site builds a Keras 3 layer: tf.keras or keras on TF >= 2.16, unless tf-keras is
+    selected (TF_USE_LEGACY_KERAS) or the layer comes from tf_keras itself."""
+    if site.api.framework != "keras" or site.api.updates != "layer":
+        return False
+    if site.qualname.startswith("tf_keras.") or site.written.startswith("tf_keras."):
+        return False
+    return _tensorflow(module) >= KERAS3_TENSORFLOW and not module.legacy_keras
+
+
+@check("BN011")
+def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
+    if not module.graph_mode:
+        return
+    marker = module.graph_mode[0]
+    for site in module.bn_sites:
+        if not _keras3(site, module):
+            continue
+        message = (
+            f"Keras 3 `{site.call.callee}` in TF1 graph-mode code (`{marker.text}` at line "
+            f"{marker.span.start.row}): the layer builds, but adds no update ops to UPDATE_OPS, "
+            "so its moving mean/variance never change and inference uses their initial values; "
+            "use `tf.compat.v1.layers.batch_normalization` with tf-keras (`pip install tf-keras`, "
+            "TF_USE_LEGACY_KERAS=1), or run the model eagerly"
+        )
+        fix = Fix(Applicability.DISPLAY_ONLY,
+                  "Run TF1 graph code with tf-keras (TF_USE_LEGACY_KERAS=1)")
+        yield Finding("BN011", site.call.span, message, fix)

@@ -1,0 +1,203 @@
+"""Migration rules: deprecated BN APIs and their replacements (BN007), and momentum written in
+the other framework's convention (BN008)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from bnfix.checks import check
+from bnfix.ir import (
+    Applicability,
+    Arg,
+    BNSite,
+    Const,
+    Edit,
+    Finding,
+    Fix,
+    Migration,
+    ModuleIR,
+    Pos,
+    Span,
+    Unknown,
+    Value,
+)
+
+UNSAFE = Applicability.UNSAFE
+DISPLAY = Applicability.DISPLAY_ONLY
+
+
+# ---------------------------------------------------------------------------------------------
+# BN007 deprecated-bn-api
+
+
+def _literal_key(value: Value) -> str | None:
+    """How a migration table names a literal value: the string itself, `True`/`None`/`0.9`,
+    or the qualified name of a constant such as `tensorflow.GraphKeys.UPDATE_OPS`."""
+    if isinstance(value, Const):
+        return value.value if isinstance(value.value, str) else repr(value.value)
+    if isinstance(value, Unknown):
+        return value.qualname
+    return None
+
+
+class _Plan:
+    """The edits that rewrite one call, and the reasons it cannot be rewritten exactly."""
+
+    def __init__(self) -> None:
+        self.edits: list[Edit] = []
+        self.refusals: list[str] = []
+
+    def refuse(self, reason: str) -> None:
+        if reason not in self.refusals:
+            self.refusals.append(reason)
+
+
+def _plan(module: ModuleIR, site: BNSite, migration: Migration, target: str) -> _Plan:
+    plan = _Plan()
+    if site.unpacked:
+        plan.refuse("arguments passed with * or ** cannot be mapped one by one")
+    if site.api.id in module.arg_scoped:
+        plan.refuse("an arg_scope in this module supplies arguments to this call: convert the "
+                    "arg_scope too")
+    callee = site.call.callee
+    if "\n" in callee:
+        plan.refuse("the callee spans several lines")
+    start = site.call.span.start
+    plan.edits.append(Edit(Span(start, Pos(start.row, start.col + len(callee))), target))
+    args = site.ordered_args()
+    previous_end: Pos | None = None
+    for index, arg in enumerate(args):
+        _map_argument(plan, migration, arg, index, previous_end)
+        previous_end = arg.span.end
+    present = {a.name for a in args}
+    extra = [f"{migration.rename.get(name, name)}={text}"
+             for name, text in migration.defaults.items() if name not in present]
+    extra += [item for item in migration.add if item.split("=", 1)[0] not in present]
+    if extra:
+        text = ", ".join(extra)
+        if site.call.args_end is None:
+            plan.edits.append(Edit(Span.at(site.call.close_paren), text))
+        else:
+            plan.edits.append(Edit(Span.at(site.call.args_end), ", " + text))
+    return plan
+
+
+def _map_argument(plan: _Plan, migration: Migration, arg: Arg, index: int,
+                  previous_end: Pos | None) -> None:
+    name = arg.name
+    if not arg.keyword and index < migration.positional:
+        return
+    mapping = migration.values.get(name)
+    if mapping is not None:
+        key = _literal_key(arg.value)
+        if key in mapping:
+            replacement = mapping[key]
+            if replacement:
+                plan.edits.append(Edit(arg.span, replacement))
+            elif previous_end is not None:
+                plan.edits.append(Edit(Span(previous_end, arg.span.end), ""))
+            else:
+                plan.refuse(f"`{name}` cannot be dropped from the first position")
+            return
+    if name in migration.split:
+        keys = migration.split[name]
+        if arg.items is None or any(k not in keys for k, _ in arg.items):
+            plan.refuse(migration.refuse.get(name, f"`{name}` is not a literal dict"))
+            return
+        parts = ", ".join(f"{keys[k]}={text}" for k, text in arg.items)  # type: ignore[index]
+        if parts:
+            plan.edits.append(Edit(arg.span, parts))
+        elif previous_end is not None:
+            plan.edits.append(Edit(Span(previous_end, arg.span.end), ""))
+        return
+    if name in migration.rename:
+        new = migration.rename[name]
+        if name in migration.require_str and not (
+                isinstance(arg.value, Const) and isinstance(arg.value.value, str)):
+            plan.refuse(f"`{name}={arg.value_text}` is not a string literal, and `{new}` must be "
+                        "a string")
+            return
+        if arg.keyword and arg.name_span is not None and new != name:
+            plan.edits.append(Edit(arg.name_span, new))
+        elif not arg.keyword:
+            plan.edits.append(Edit(Span.at(arg.value_span.start), f"{new}="))
+        return
+    if migration.keep_unknown:
+        return
+    plan.refuse(migration.refuse.get(name, f"`{name}` has no equivalent"))
+
+
+@check("BN007")
+def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
+    tensorflow = module.targets.get("tensorflow", ())
+    for site in module.bn_sites:
+        migration = site.api.migration
+        if migration is None:
+            continue
+        if migration.written and not site.written.startswith(migration.written):
+            continue
+        if migration.since and site.api.framework in ("tensorflow", "keras") and \
+                tensorflow < migration.since:
+            continue
+        target = module.spell(migration.to)
+        shown = target or migration.to
+        message = f"`{site.call.callee}` is deprecated: {migration.why}; use `{shown}`"
+        if migration.display_only:
+            yield Finding("BN007", site.call.span, message, Fix(DISPLAY, f"Use `{shown}`"))
+            continue
+        if target is None:
+            fix = Fix(DISPLAY, f"Use `{shown}` (import its module first)")
+            yield Finding("BN007", site.call.span, message, fix)
+            continue
+        plan = _plan(module, site, migration, target)
+        if plan.refusals:
+            message += " — not rewritten: " + "; ".join(plan.refusals)
+            fix = Fix(DISPLAY, f"Use `{shown}` and map the remaining arguments by hand")
+        else:
+            fix = Fix(UNSAFE, f"Use `{shown}` with the arguments mapped", tuple(plan.edits))
+        yield Finding("BN007", site.call.span, message, fix)
+
+
+# ---------------------------------------------------------------------------------------------
+# BN008 momentum-convention
+
+TORCH_MESSAGE = (
+    "`{callee}({name}={text})`: PyTorch's momentum is the weight of the new batch "
+    "(running = (1 - m) * running + m * batch, default 0.1); {value:g} is TensorFlow's convention, "
+    "so the running statistics follow each batch almost entirely. Use {name}=1 - {text}"
+)
+TF_MESSAGE = (
+    "`{callee}({name}={text})`: TensorFlow/Keras momentum is the decay of the old value "
+    "(moving = m * moving + (1 - m) * batch, default 0.99); {value:g} is PyTorch's convention, "
+    "so the moving statistics are mostly the last batch. Use {name}=1 - {text}"
+)
+
+
+@check("BN008")
+def momentum_convention(module: ModuleIR) -> Iterator[Finding]:
+    for site in module.bn_sites:
+        convention = site.api.momentum_convention
+        arg = site.args.get("momentum")
+        if convention not in ("tf", "torch") or arg is None or not isinstance(arg.value, Const):
+            continue
+        value = arg.value.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            continue
+        # 0.5 reads the same in both conventions (and 1 - 0.5 would change nothing)
+        if convention == "torch" and value > 0.5:
+            template = TORCH_MESSAGE
+        elif convention == "tf" and value < 0.5:
+            template = TF_MESSAGE
+        else:
+            continue
+        text = arg.value_text
+        operand = text if _atomic(text) else f"({text})"
+        message = template.format(callee=site.call.callee, name=arg.name, text=operand, value=value)
+        fix = Fix(UNSAFE, f"Convert to the {'PyTorch' if convention == 'torch' else 'TensorFlow'} "
+                  f"convention: `{arg.name}=1 - {operand}`",
+                  (Edit(arg.value_span, f"1 - {operand}"),))
+        yield Finding("BN008", arg.span, message, fix)
+
+
+def _atomic(text: str) -> bool:
+    return text.replace(".", "").replace("_", "").replace("e-", "").isalnum()
