@@ -155,9 +155,9 @@ class Catalogue:
     def normalize(self, qualname: str) -> str:
         """Rewrite known alias prefixes (`tensorflow.compat.v1.` -> `tensorflow.`) to fixpoint."""
         for _ in range(4):
-            for prefix, replace in self.aliases:
+            for prefix, target in self.aliases:
                 if qualname.startswith(prefix):
-                    qualname = replace + qualname[len(prefix) :]
+                    qualname = target + qualname[len(prefix) :]
                     break
             else:
                 return qualname
