@@ -100,6 +100,7 @@ class Unknown:
     text: str
     span: Span | None
     qualname: str | None = None  # a dotted name resolved through imports (`tf.GraphKeys.X`)
+    type: str | None = None  # what the expression is known to be: "str" for formatting
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ class CallInfo:
     close_paren: Pos  # the position of ')'
     trailing_comma: bool
     multiline: bool
+    aligned_rows: tuple[int, ...] = ()  # continuation rows aligned with the '(' (visual indent)
 
 
 class Binding:
@@ -203,6 +205,20 @@ def bindings(function: FunctionInfo | None, depth: int = 3, limit: int = 64) -> 
             produced += 1
             if produced >= limit:
                 return
+
+
+def is_string(value: Value | None, depth: int = 3) -> bool:
+    """A string in every calling context: a literal, a formatted string, or a parameter that
+    every call site passes a string."""
+    if isinstance(value, Const):
+        return isinstance(value.value, str)
+    if isinstance(value, Unknown):
+        return value.type == "str"
+    if isinstance(value, FromParam) and depth > 0:
+        contexts = list(bindings(value.function, depth=1))
+        return all(is_string(b.value(value), depth - 1) for b in contexts) and any(
+            b.chain or value.function.params[value.name].default is not None for b in contexts)
+    return False
 
 
 def is_const(value: Value | None, expected: object) -> bool:

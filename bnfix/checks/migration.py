@@ -20,6 +20,7 @@ from bnfix.ir import (
     Span,
     Unknown,
     Value,
+    is_string,
 )
 
 UNSAFE = Applicability.UNSAFE
@@ -64,6 +65,12 @@ def _plan(module: ModuleIR, site: BNSite, migration: Migration, target: str) -> 
         plan.refuse("the callee spans several lines")
     start = site.call.span.start
     plan.edits.append(Edit(Span(start, Pos(start.row, start.col + len(callee))), target))
+    shift = len(target) - len(callee)
+    for row in site.call.aligned_rows:  # keep continuation rows lined up with the '('
+        if shift > 0:
+            plan.edits.append(Edit(Span.at(Pos(row, 0)), " " * shift))
+        elif shift < 0:
+            plan.edits.append(Edit(Span(Pos(row, 0), Pos(row, -shift)), ""))
     args = site.ordered_args()
     previous_end: Pos | None = None
     for index, arg in enumerate(args):
@@ -112,10 +119,9 @@ def _map_argument(plan: _Plan, migration: Migration, arg: Arg, index: int,
         return
     if name in migration.rename:
         new = migration.rename[name]
-        if name in migration.require_str and not (
-                isinstance(arg.value, Const) and isinstance(arg.value.value, str)):
-            plan.refuse(f"`{name}={arg.value_text}` is not a string literal, and `{new}` must be "
-                        "a string")
+        if name in migration.require_str and not is_string(arg.value):
+            plan.refuse(f"`{name}={arg.value_text}` is not known to be a string, and `{new}` "
+                        "must be one")
             return
         if arg.keyword and arg.name_span is not None and new != name:
             plan.edits.append(Edit(arg.name_span, new))
@@ -134,7 +140,9 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
         migration = site.api.migration
         if migration is None:
             continue
-        if migration.written and not site.written.startswith(migration.written):
+        # tf.compat.v1.X names what tf.X named in TF 1.x
+        written = site.written.replace("tensorflow.compat.v1.", "tensorflow.", 1)
+        if migration.written and not written.startswith(migration.written):
             continue
         if migration.since and site.api.framework in ("tensorflow", "keras") and \
                 tensorflow < migration.since:

@@ -296,7 +296,7 @@ class Resolver:
     def _bn_site(self, raw: RawCall, spec: ApiSpec) -> BNSite:
         args = self._api_args(raw, spec, spec.params)
         qual = self.w.cat.normalize(raw.written)
-        site = BNSite(spec.ref, qual, call_info(self.text, raw.call), args, raw.ctx.function,
+        site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
                       unpacked=_unpacks(raw.call), written=raw.written)
         target = self._assigned_target(raw)
         if target is not None:
@@ -493,7 +493,7 @@ class Resolver:
                 if folded is not None:
                     return Const(folded, self.text.slice(span), span)
         qualname = self.w.qualname(expr) if isinstance(expr, (ast.Attribute, ast.Name)) else None
-        return Unknown(self.text.slice(span), span, qualname)
+        return Unknown(self.text.slice(span), span, qualname, "str" if _stringy(expr) else None)
 
     def _keys(self, expr: ast.AST, function: FunctionInfo | None, depth: int = 0,
               seen: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -573,8 +573,9 @@ class Resolver:
                         None, None, 0)
 
 
-def call_info(text: SourceText, call: ast.Call) -> CallInfo:
-    """Where a call's pieces are, for edits: span, callee, end of the last argument, ')'."""
+def call_info(text: SourceText, call: ast.Call, align: bool = False) -> CallInfo:
+    """Where a call's pieces are, for edits: span, callee, end of the last argument, ')', and
+    (with `align`) the continuation rows indented to line up with the '('."""
     span = text.span(call)
     items: list[ast.AST] = [*call.args, *call.keywords]
     args_end: Pos | None = None
@@ -590,7 +591,23 @@ def call_info(text: SourceText, call: ast.Call) -> CallInfo:
         close_paren=close,
         trailing_comma="," in _strip_comments(between),
         multiline=span.start.row != span.end.row,
+        aligned_rows=_aligned_rows(text, call, span) if align else (),
     )
+
+
+def _aligned_rows(text: SourceText, call: ast.Call, span: Span) -> tuple[int, ...]:
+    if span.start.row == span.end.row:
+        return ()
+    callee_end = text.span(call.func).end
+    line = text.line(callee_end.row)
+    paren = line.find("(", callee_end.col)
+    if paren < 0 or line[callee_end.col:paren].strip():
+        return ()
+    rows = tuple(r for r in range(callee_end.row + 1, span.end.row + 1)
+                 if text.line(r).strip() and len(text.indentation(r)) == paren + 1)
+    if rows:
+        rows = tuple(r for r in rows if r not in text.rows_inside_strings)
+    return rows
 
 
 def _strip_comments(text: str) -> str:
@@ -623,3 +640,15 @@ def _is_axis_zero(expr: ast.expr) -> bool:
 def _unpacks(call: ast.Call) -> bool:
     return any(isinstance(a, ast.Starred) for a in call.args) or \
         any(k.arg is None for k in call.keywords)
+
+
+def _stringy(expr: ast.expr) -> bool:
+    """An expression that builds a string: an f-string, `'%s' % x`, `'a' + x`, `'{}'.format()`."""
+    if isinstance(expr, ast.JoinedStr):
+        return True
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Mod, ast.Add)):
+        return any(isinstance(side, ast.Constant) and isinstance(side.value, str) or _stringy(side)
+                   for side in (expr.left, expr.right))
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
+        expr.func.attr == "format" and isinstance(expr.func.value, ast.Constant) and \
+        isinstance(expr.func.value.value, str)

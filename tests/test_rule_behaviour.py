@@ -1,0 +1,120 @@
+"""Behaviour of the migration-era rules beyond their examples: which fixes are refused (and
+say why), what the target TensorFlow version changes, and layout-preserving rewrites."""
+
+from __future__ import annotations
+
+import textwrap
+
+from bnfix import check_source, fix_source
+from bnfix.engine import Engine
+from bnfix.ir import Applicability
+from bnfix.rulebook import load_rulebook
+from conftest import run_bnfix
+
+
+def diagnostics(source: str, codes: list[str], tensorflow: tuple[int, ...] | None = None):
+    source = textwrap.dedent(source).lstrip("\n")
+    if tensorflow is None:
+        return [d for d in check_source(source, "m.py") if d.code in codes]
+    engine = Engine(load_rulebook(), frozenset(codes), {"tensorflow": tensorflow})
+    return engine.diagnose(source, "m.py")
+
+
+def test_bn007_refusals_are_display_only_and_say_why():
+    found = diagnostics("""
+        import tensorflow as tf
+        slim = tf.contrib.slim
+
+        def model(net, params, is_training):
+            with slim.arg_scope([slim.batch_norm], decay=0.99):
+                net = slim.batch_norm(net, is_training=is_training)
+            net = tf.contrib.layers.batch_norm(net, **params)
+            net = tf.contrib.layers.batch_norm(net, activation_fn=tf.nn.relu)
+            net = tf.contrib.layers.batch_norm(net, updates_collections=None)
+            return tf.contrib.layers.batch_norm(net, zero_debias_moving_mean=True)
+    """, ["BN007"])
+    assert all(d.fix.applicability is Applicability.DISPLAY_ONLY and not d.fixable for d in found)
+    reasons = [d.message.split("not rewritten: ")[1] for d in found]
+    assert "arg_scope" in reasons[0]
+    assert "* or **" in reasons[1]
+    assert "applies no activation" in reasons[2]
+    assert "updates_collections=None" in reasons[3]
+    assert "zero-debiased" in reasons[4]
+
+
+def test_bn007_needs_an_import_to_spell_the_replacement():
+    (d,) = diagnostics("""
+        from tensorflow.contrib.layers import batch_norm
+        net = batch_norm(net, is_training=True)
+    """, ["BN007"])
+    assert d.fix.applicability is Applicability.DISPLAY_ONLY and "import its module" in d.fix.message
+
+
+def test_bn007_realigns_continuation_rows():
+    source = textwrap.dedent("""
+        import tensorflow as tf
+        x = tf.keras.layers.experimental.SyncBatchNormalization(axis=-1,
+                                                                momentum=0.9)
+    """).lstrip("\n")
+    fixed = fix_source(source, "m.py", unsafe_fixes=True).text
+    assert fixed.splitlines()[1:] == [
+        "x = tf.keras.layers.BatchNormalization(axis=-1,",
+        "                                       momentum=0.9, synchronized=True)",
+    ]
+
+
+def test_target_tensorflow_decides_what_applies():
+    source = """
+        import tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        a = tf.contrib.layers.batch_norm(x, is_training=True)
+        b = tf.keras.layers.experimental.SyncBatchNormalization()
+        c = tf.keras.layers.BatchNormalization(trainable=False)
+    """
+    codes = ["BN007", "BN009", "BN011"]
+    current = [d.code for d in diagnostics(source, codes, (2, 21))]
+    assert current == ["BN007", "BN007", "BN011", "BN011", "BN009"]
+    tf_2_10 = [d.code for d in diagnostics(source, codes, (2, 10))]
+    assert tf_2_10 == ["BN007", "BN009"]  # no synchronized=True yet, tf.keras is Keras 2
+    tf_1_15 = [d.code for d in diagnostics(source, codes, (1, 15))]
+    assert tf_1_15 == []  # contrib exists; trainable=False did not mean inference
+
+
+def test_target_tensorflow_in_pyproject(tree):
+    root = tree({
+        "pyproject.toml": '[tool.bnfix]\ntarget-tensorflow = "1.15"\n',
+        "m.py": "import tensorflow as tf\nx = tf.contrib.layers.batch_norm(x)\n",
+    })
+    assert run_bnfix("check", ".", cwd=root).returncode == 0
+    (root / "pyproject.toml").write_text('[tool.bnfix]\ntarget-tensorflow = "two"\n')
+    bad = run_bnfix("check", ".", cwd=root)
+    assert bad.returncode == 2 and "target-tensorflow" in bad.stderr
+
+
+def test_bn008_fix_converges_and_bn010_leaves_constants_alone():
+    source = textwrap.dedent("""
+        import torch.nn as nn
+        bn = nn.BatchNorm2d(8, momentum=0.9)
+    """).lstrip("\n")
+    once = fix_source(source, "m.py", unsafe_fixes=True).text
+    assert "momentum=1 - 0.9" in once
+    assert fix_source(once, "m.py", unsafe_fixes=True).text == once
+    assert diagnostics("""
+        import tensorflow as tf
+        TRAIN = True
+        def f(x, training):
+            return tf.layers.batch_normalization(x, training=TRAIN)
+    """, ["BN010"]) == []
+
+
+def test_bn005_per_tower_loss_scaling_in_the_module_silences_it():
+    body = """
+        import tensorflow as tf
+        def tower(images, num_gpus):
+            loss = compute(images)
+            return loss{scale}
+        def combine(tower_grads):
+            return [(tf.add_n([g for g, _ in gv]), gv[0][1]) for gv in zip(*tower_grads)]
+    """
+    assert [d.code for d in diagnostics(body.format(scale=""), ["BN005"])] == ["BN005"]
+    assert diagnostics(body.format(scale=" / num_gpus"), ["BN005"]) == []
