@@ -58,6 +58,14 @@ class FileResult:
         return self.new_text is not None and self.new_text != self.original
 
 
+def is_test_module(path: str) -> bool:
+    """`test_x.py`, `x_test.py`, `conftest.py` or anything under a `tests`/`testing` folder."""
+    parts = path.replace("\\", "/").split("/")
+    name = parts[-1]
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py" or \
+        any(part in ("tests", "test", "testing") for part in parts[:-1])
+
+
 def _minimal_words(words: tuple[str, ...]) -> tuple[str, ...]:
     """Drop words that contain a shorter word of the set: one substring test covers them."""
     ordered = sorted(set(words), key=len)
@@ -82,6 +90,7 @@ class Engine:
         self.enabled = enabled
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
         self.checks = {code: checks[code] for code in sorted(enabled) if code in checks}
+        self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
         self.triggers: dict[str, tuple[str, ...]] = {}
         for code in self.checks:
             words: list[str] = []
@@ -103,6 +112,8 @@ class Engine:
 
     def diagnose(self, text: str, path: str, ignored: frozenset[str] = frozenset()) -> list[Diagnostic]:
         """All diagnostics of one source text (no suppressed ones)."""
+        if is_test_module(path):
+            ignored = ignored | self.not_in_tests
         codes = self._relevant(text, ignored)
         if not codes:
             return []

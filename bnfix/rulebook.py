@@ -59,6 +59,7 @@ class Rule:
     fix: str
     frameworks: tuple[str, ...]
     triggers: tuple[str, ...]
+    in_tests: bool  # reported in test modules too (False: tests exercise such values on purpose)
     docs: RuleDocs
     examples: tuple[Example, ...]
     path: Path
@@ -256,6 +257,7 @@ def _load_rule(path: Path) -> Rule:
         fix=fix,
         frameworks=tuple(data.get("frameworks", ())),
         triggers=tuple(data.get("triggers", ())),
+        in_tests=bool(data.get("in-tests", True)),
         docs=RuleDocs(
             what=_require(docs, "what", path),
             why=_require(docs, "why", path),

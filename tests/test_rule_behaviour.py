@@ -118,3 +118,11 @@ def test_bn005_per_tower_loss_scaling_in_the_module_silences_it():
     """
     assert [d.code for d in diagnostics(body.format(scale=""), ["BN005"])] == ["BN005"]
     assert diagnostics(body.format(scale=" / num_gpus"), ["BN005"]) == []
+
+
+def test_rules_marked_not_in_tests_skip_test_modules(tree):
+    source = "import torch.nn as nn\nbn = nn.BatchNorm2d(8, momentum=0.99)\n"
+    root = tree({"model.py": source, "tests/test_model.py": source, "model_test.py": source})
+    run = run_bnfix("check", "--output-format", "concise", ".", cwd=root)
+    flagged = sorted(line.split(":")[0] for line in run.stdout.splitlines() if ": BN008" in line)
+    assert flagged == ["model.py"]

@@ -365,15 +365,24 @@ def _bn005_fix(total: GradientSum) -> Fix:
 # ---------------------------------------------------------------------------------------------
 # BN010 hardcoded-training-mode
 
-EVALUATION_NAMES = ("eval", "evaluate", "evaluation", "test", "predict", "infer", "inference",
-                    "serve", "serving", "validate", "validation", "val")
+# Functions that evaluate a model: these exact names, or names with these prefixes/suffixes.
+# Unit tests (`test_*`) are not evaluation code.
+EVALUATION_NAMES = frozenset({
+    "eval", "evaluate", "evaluation", "test", "predict", "infer", "inference", "serve",
+    "validate", "validation", "val", "test_step", "test_epoch", "run_test", "test_model",
+})
+EVALUATION_PREFIXES = ("eval_", "evaluate_", "validate_", "validation_", "val_", "predict_",
+                       "infer_", "inference_", "serve_", "serving_")
+EVALUATION_SUFFIXES = ("_eval", "_evaluate", "_evaluation", "_validate", "_validation",
+                       "_predict", "_inference", "_serving")
 
 
 def _is_evaluation(function: FunctionInfo | None) -> bool:
     if function is None:
         return False
-    words = function.name.lower().strip("_").split("_")
-    return any(word in EVALUATION_NAMES for word in words)
+    name = function.name.lower().strip("_")
+    return name in EVALUATION_NAMES or name.startswith(EVALUATION_PREFIXES) or \
+        name.endswith(EVALUATION_SUFFIXES)
 
 
 def _literal_true(arg: Arg | None) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import io
 import re
+import sys
 import tokenize
 from dataclasses import dataclass
 
@@ -71,7 +72,9 @@ def parse(text: str, path: str) -> ast.Module:
             message = (f"Python 2 source ({hint}): bnfix analyses Python 3; port it "
                        "(e.g. with 2to3 or pyupgrade) or exclude the file")
         else:
-            message = f"syntax error: {exc.msg}" + (f": `{line.strip()}`" if line.strip() else "")
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            message = (f"syntax error (parsed as Python {version}): {exc.msg}"
+                       + (f": `{line.strip()}`" if line.strip() else ""))
         raise SourceError("BN900", message, row, col) from exc
     except (ValueError, RecursionError, MemoryError) as exc:
         raise SourceError("BN900", f"cannot parse: {exc}") from exc
