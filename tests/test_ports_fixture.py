@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, REPO, has_tf1_layers, run_bnfix
 
 PORTS = FIXTURES / "ports"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import textwrap
 
+from conftest import run_bnfix
+
 from bnfix import check_source, fix_source
 from bnfix.engine import Engine
 from bnfix.ir import Applicability
 from bnfix.rulebook import load_rulebook
-from conftest import run_bnfix
 
 
 def diagnostics(source: str, codes: list[str], tensorflow: tuple[int, ...] | None = None):
