@@ -62,7 +62,36 @@ class WrapStatements:
     header: str
 
 
-EditOp = Edit | WrapStatements
+@dataclass(frozen=True)
+class InsertRows:
+    """Insert whole rows before row `at_row` (one past the last row appends), each indented by
+    `indent` plus `level` steps of the file's indentation unit."""
+
+    at_row: int
+    indent: str
+    lines: tuple[tuple[int, str], ...]  # (level, text)
+
+
+@dataclass(frozen=True)
+class DeleteRows:
+    """Delete rows `first_row..last_row` entirely, line endings included."""
+
+    first_row: int
+    last_row: int
+
+
+@dataclass(frozen=True)
+class TryFinally:
+    """Run `before` rows, then rows `first_row..last_row` inside `try:`, with `finally` rows
+    in a `finally:` clause (all at the indentation of `first_row`)."""
+
+    first_row: int
+    last_row: int
+    before: tuple[str, ...]
+    finally_: tuple[str, ...]
+
+
+EditOp = Edit | WrapStatements | InsertRows | DeleteRows | TryFinally
 
 
 @dataclass(frozen=True)
@@ -145,6 +174,8 @@ class FunctionInfo:
     params: dict[str, Param]
     call_sites: list[CallSite] = field(default_factory=list)
     training_flag: str | None = None  # a parameter that carries the train/eval switch
+    body: Block | None = None  # its statements after the docstring (None for one-liners)
+    callers_eval: frozenset[str] = frozenset()  # params every caller put in eval mode first
 
     def param_value(self, site: CallSite, name: str) -> Value | None:
         """What `site` binds to parameter `name`: the passed value or the default."""
@@ -424,6 +455,8 @@ class Statement:
     first_row: int
     last_row: int
     wrappable: bool  # starts and ends its own rows, not part of a one-line compound statement
+    indent: str = ""  # the indentation of its first row
+    block: int = 0  # identifies the statement list (body) it belongs to
 
 
 @dataclass
@@ -476,6 +509,107 @@ class AttributeSet:
 
 
 @dataclass(frozen=True)
+class Region:
+    """Code that runs a model for evaluation: a `with torch.no_grad()` / `inference_mode()`
+    block, or a function decorated with them."""
+
+    kind: str  # with | function
+    span: Span
+    body: Block | None  # the rows a fix may wrap
+
+
+@dataclass
+class ModelCall:
+    """A call through a plain name or attribute (`model(x)`, `self.net(x)`), which is how
+    PyTorch code runs a module."""
+
+    target: str  # `model`, `self.net`
+    span: Span
+    function: FunctionInfo | None
+    region: Region | None
+
+
+@dataclass
+class ModeCall:
+    """`x.eval()`, `x.train()`, `x.train(False)`."""
+
+    kind: str  # eval | train
+    target: str
+    span: Span
+    statement: Statement
+    function: FunctionInfo | None
+    bn_guarded: bool  # `x` is narrowed to a BatchNorm by an enclosing isinstance()/name check
+
+
+@dataclass
+class FreezeCall:
+    """An application of a BN freeze: `model.freeze_bn()`, `model.apply(set_bn_eval)`,
+    `freeze_bn(model)`."""
+
+    target: str
+    text: str  # how to apply it again to `target`
+    span: Span
+    statement: Statement
+    function: FunctionInfo | None
+    condition: str | None  # the test of an enclosing `if` in the same function
+
+
+@dataclass(frozen=True)
+class ShadowedMethod:
+    """`self.freeze_bn = freeze_bn` in a class that defines `def freeze_bn(self)`."""
+
+    class_name: str
+    name: str
+    span: Span
+
+
+@dataclass
+class ParamFreeze:
+    """`requires_grad = False` / `requires_grad_(False)` on a module's parameters."""
+
+    owner: str  # the module whose parameters are frozen (`m`, `self.bn`)
+    is_bn: bool
+    span: Span
+    after: Statement  # the statement after which the module can be put in eval mode
+    function: FunctionInfo | None
+
+
+@dataclass
+class ModelStep:
+    """A step of setting a model up for distributed training: wrap, optimizer, SyncBN."""
+
+    kind: str  # model_wrap | optimizer | sync_convert
+    target: str  # the model expression it takes (for an optimizer: whose .parameters())
+    assigned: str | None
+    call: CallInfo
+    statement: Statement
+    function: FunctionInfo | None
+    text: str  # the statement's source text
+    move: Statement | None = None  # what to move to reorder it (itself, or its lone `if`)
+    move_lines: tuple[str, ...] = ()  # that statement's rows, relative to its indentation
+
+
+@dataclass
+class BiasedLayer:
+    """A conv / linear / dense layer with an additive bias."""
+
+    framework: str
+    call: CallInfo
+    bias: Arg | None
+    activation: Arg | None
+    bias_param: str
+
+
+@dataclass
+class BiasBeforeBN:
+    """A biased layer whose output goes straight into a BatchNorm."""
+
+    layer: BiasedLayer
+    bn: BNSite
+    how: str  # sequential | nested | consecutive
+
+
+@dataclass(frozen=True)
 class Marker:
     """A construct that says something about how the module runs (TF1 graph mode, ...)."""
 
@@ -501,6 +635,14 @@ class ModuleIR:
     loss_scaled_per_tower: bool = False  # a loss divided by the tower/clone count somewhere
     legacy_keras: bool = False  # the module selects tf-keras (TF_USE_LEGACY_KERAS)
     arg_scoped: frozenset[str] = frozenset()  # BN API ids that an arg_scope gives defaults to
+    model_calls: list[ModelCall] = field(default_factory=list)
+    mode_calls: list[ModeCall] = field(default_factory=list)
+    freeze_calls: list[FreezeCall] = field(default_factory=list)
+    freezing_trains: frozenset[str] = frozenset()  # classes whose train() re-applies a freeze
+    shadowed_methods: list[ShadowedMethod] = field(default_factory=list)
+    param_freezes: list[ParamFreeze] = field(default_factory=list)
+    model_steps: list[ModelStep] = field(default_factory=list)
+    bias_before_bn: list[BiasBeforeBN] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)  # module qualname -> local alias
     names_in_use: frozenset[str] = frozenset()
     tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)

@@ -145,13 +145,24 @@ class ApiSpec:
         )
 
 
+@dataclass(frozen=True)
+class LayerSpec:
+    """A layer with an additive bias (conv, linear, dense): where its bias switch is."""
+
+    framework: str
+    params: tuple[str, ...]
+    bias: str  # the parameter that switches the bias off (`bias`, `use_bias`)
+    activation: str | None  # Keras layers apply an activation after the bias
+
+
 @dataclass(eq=False)
 class Catalogue:
     """Qualified name -> BN API, plus the TF1 training-graph vocabulary for context analysis."""
 
     apis: dict[str, ApiSpec] = field(default_factory=dict)  # by normalized qualified name
     aliases: list[tuple[str, str]] = field(default_factory=list)  # longest prefix first
-    tf1: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)  # training-API vocabulary tables
+    layers: dict[str, LayerSpec] = field(default_factory=dict)  # bias-carrying layers (BN104)
 
     def normalize(self, qualname: str) -> str:
         """Rewrite known alias prefixes (`tensorflow.compat.v1.` -> `tensorflow.`) to fixpoint."""
@@ -300,9 +311,23 @@ def _load_catalogue(folder: Path) -> Catalogue:
                     raise RuleBookError(f"{path}: `{name}` is in two catalogue entries")
                 cat.apis[name] = spec
         for key in ("functions", "methods", "collections", "train_ops", "variable_sources",
-                    "collection_sources", "training_flags"):
+                    "collection_sources", "training_flags", "optimizers"):
             if key in data:
-                cat.tf1.setdefault(key, {}).update(data[key])
+                for name, value in data[key].items():
+                    table = cat.training.setdefault(key, {})
+                    if isinstance(value, list) and isinstance(table.get(name), list):
+                        table[name] = table[name] + value
+                    else:
+                        table[name] = value
+        for entry in data.get("layer", []):
+            layer = LayerSpec(
+                framework=_require(entry, "framework", path),
+                params=tuple(_require(entry, "params", path)),
+                bias=_require(entry, "bias", path),
+                activation=entry.get("activation"),
+            )
+            for name in _require(entry, "names", path):
+                cat.layers[name] = layer
         migrations.extend((path, m) for m in data.get("migration", []))
     cat.aliases = sorted(aliases, key=lambda a: -len(a[0]))
     by_id = {spec.id: spec for spec in cat.apis.values()}

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from bnfix.checks import check
+from bnfix.checks.names import is_evaluation
 from bnfix.ir import (
     Applicability,
     Arg,
@@ -20,7 +21,6 @@ from bnfix.ir import (
     Finding,
     Fix,
     FromParam,
-    FunctionInfo,
     GradientSum,
     ModuleIR,
     Pos,
@@ -365,26 +365,6 @@ def _bn005_fix(total: GradientSum) -> Fix:
 # ---------------------------------------------------------------------------------------------
 # BN010 hardcoded-training-mode
 
-# Functions that evaluate a model: these exact names, or names with these prefixes/suffixes.
-# Unit tests (`test_*`) are not evaluation code.
-EVALUATION_NAMES = frozenset({
-    "eval", "evaluate", "evaluation", "test", "predict", "infer", "inference", "serve",
-    "validate", "validation", "val", "test_step", "test_epoch", "run_test", "test_model",
-})
-EVALUATION_PREFIXES = ("eval_", "evaluate_", "validate_", "validation_", "val_", "predict_",
-                       "infer_", "inference_", "serve_", "serving_")
-EVALUATION_SUFFIXES = ("_eval", "_evaluate", "_evaluation", "_validate", "_validation",
-                       "_predict", "_inference", "_serving")
-
-
-def _is_evaluation(function: FunctionInfo | None) -> bool:
-    if function is None:
-        return False
-    name = function.name.lower().strip("_")
-    return name in EVALUATION_NAMES or name.startswith(EVALUATION_PREFIXES) or \
-        name.endswith(EVALUATION_SUFFIXES)
-
-
 def _literal_true(arg: Arg | None) -> bool:
     """`training=True` written at the call itself (not a constant defined elsewhere)."""
     return arg is not None and is_const(arg.value, True) and arg.value.span == arg.value_span
@@ -407,7 +387,7 @@ def hardcoded_training_mode(module: ModuleIR) -> Iterator[Finding]:
                     "and updates its moving averages, also when the model is evaluated; pass the flag"
                 )
                 yield Finding("BN010", arg.span, message, _bn010_fix(module, arg, flag))
-            elif _is_evaluation(function):
+            elif is_evaluation(function):
                 message = (
                     f"`{callee}(..., {written})` in the evaluation function `{function.name}`: "
                     "evaluation then normalizes with the batch's statistics (results depend on "

@@ -13,8 +13,8 @@ from collections import defaultdict
 from bnfix.ir import (
     Arg,
     AttributeSet,
+    Block,
     BNSite,
-    CallInfo,
     CallSite,
     CollectionGet,
     Const,
@@ -26,8 +26,6 @@ from bnfix.ir import (
     Marker,
     ModuleIR,
     Param,
-    Pos,
-    Span,
     Statement,
     TowerLoop,
     TrainOp,
@@ -37,7 +35,8 @@ from bnfix.ir import (
     VarsTerm,
 )
 from bnfix.rulebook import ApiSpec
-from bnfix.source.text import SourceText
+from bnfix.source.calls import call_info
+from bnfix.source.torch_context import TorchContext
 from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, fkey
 
 TRACE_DEPTH = 6
@@ -80,6 +79,7 @@ class Resolver:
             self._scales_loss(d.left, d.right) for d in self.w.divisions)
         module.legacy_keras = "TF_USE_LEGACY_KERAS" in self.text.text
         module.arg_scoped = frozenset(self.w.arg_scoped)
+        TorchContext(self).lift_into(module)
         return module
 
     def _tf1_prefix(self) -> str | None:
@@ -90,6 +90,23 @@ class Resolver:
         if tf:
             return f"{tf}.compat.v1" if self.w.uses_compat_v1 else tf
         return None
+
+    def _function_body(self, function: FunctionInfo) -> Block | None:
+        node = self.w.function_nodes[id(function)]
+        body = node.body
+        first = body[0]
+        if len(body) > 1 and isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str):
+            first = body[1]  # keep the docstring first
+        if first.lineno == node.lineno or not self.text.starts_row(self.text.span(first).start):
+            return None
+        last = body[-1]
+        return Block(node.lineno, first.lineno, last.end_lineno or last.lineno,
+                     self.text.indentation(first.lineno))
+
+    def site_target(self, site: BNSite) -> tuple[str, object] | None:
+        """What a BN site was assigned to (`self.bn` in class C, `bn` in a function)."""
+        return self._site_targets.get(id(site))
 
     def _gradient_sum(self, item: tuple[RawCall, Zip]) -> GradientSum | None:
         """A sum over the towers of one variable's gradients, or None if the call sums
@@ -161,6 +178,7 @@ class Resolver:
                             owner, site, guard, ctx.function)
 
     def _resolve_defaults(self, function: FunctionInfo) -> None:
+        function.body = self._function_body(function)
         function.training_flag = next(
             (p for p in function.params if p in self.vocab.training_flags), None)
         for name, expr in self.w.defaults[id(function)].items():
@@ -268,6 +286,10 @@ class Resolver:
 
     def _api_args(self, raw: RawCall, spec: ApiSpec, params: tuple[str, ...]) -> dict[str, Arg]:
         """A BN call's arguments by canonical name, bound against the API's parameter order."""
+        return {spec.canonical_name(name): arg for name, arg in self.bind_args(raw, params).items()}
+
+    def bind_args(self, raw: RawCall, params: tuple[str, ...]) -> dict[str, Arg]:
+        """A call's arguments by parameter name, bound against a parameter order."""
         args: dict[str, Arg] = {}
         function = raw.ctx.function
         for i, arg in enumerate(raw.call.args):
@@ -275,14 +297,13 @@ class Resolver:
                 break
             name = params[i]
             span = self.text.span(arg)
-            args[spec.canonical_name(name)] = Arg(name, self.value(arg, function), span, False, span,
-                                                  self.text.slice(span), self._items(arg))
+            args[name] = Arg(name, self.value(arg, function), span, False, span,
+                             self.text.slice(span), self._items(arg))
         for kw in raw.call.keywords:
             if kw.arg is not None:
                 value_span = self.text.span(kw.value)
-                args[spec.canonical_name(kw.arg)] = Arg(
-                    kw.arg, self.value(kw.value, function), self.text.span(kw), True,
-                    value_span, self.text.slice(value_span), self._items(kw.value))
+                args[kw.arg] = Arg(kw.arg, self.value(kw.value, function), self.text.span(kw), True,
+                                   value_span, self.text.slice(value_span), self._items(kw.value))
         return args
 
     def _items(self, expr: ast.expr) -> tuple[tuple[object, str], ...] | None:
@@ -399,16 +420,7 @@ class Resolver:
                 if group.ctx.function is function and self._mentions(group.call, target) and \
                         "UPDATE_OPS" in self._keys(group.call, function):
                     adds = True
-        stmt = raw.stmt
-        span = self.text.span(stmt)
-        statement = Statement(
-            span=span,
-            first_row=stmt.lineno,
-            last_row=stmt.end_lineno or stmt.lineno,
-            wrappable=self.text.starts_row(span.start) and self.text.ends_row(span.end)
-            and not isinstance(stmt, (ast.With, ast.AsyncWith, ast.For, ast.If, ast.While,
-                                      ast.FunctionDef, ast.ClassDef, ast.Try)),
-        )
+        statement = self.statement(raw.stmt)
         tower, inside = self._tower_for(raw, towers)
         return TrainOp(
             kind=kind,
@@ -419,6 +431,21 @@ class Resolver:
             under_control_deps=bool(control),
             adds_update_ops=adds,
             after_tower=tower if not inside else None,
+        )
+
+    def statement(self, stmt: ast.stmt, compound_ok: bool = False) -> Statement:
+        """A statement's rows, and whether whole-row edits (wrap, insert after) are safe."""
+        span = self.text.span(stmt)
+        simple = compound_ok or not isinstance(stmt, (
+            ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.If, ast.While, ast.FunctionDef,
+            ast.AsyncFunctionDef, ast.ClassDef, ast.Try))
+        return Statement(
+            span=span,
+            first_row=stmt.lineno,
+            last_row=stmt.end_lineno or stmt.lineno,
+            wrappable=simple and self.text.starts_row(span.start) and self.text.ends_row(span.end),
+            indent=self.text.indentation(stmt.lineno),
+            block=self.w.block_of.get(id(stmt), 0),
         )
 
     @staticmethod
@@ -573,47 +600,6 @@ class Resolver:
                         None, None, 0)
 
 
-def call_info(text: SourceText, call: ast.Call, align: bool = False) -> CallInfo:
-    """Where a call's pieces are, for edits: span, callee, end of the last argument, ')', and
-    (with `align`) the continuation rows indented to line up with the '('."""
-    span = text.span(call)
-    items: list[ast.AST] = [*call.args, *call.keywords]
-    args_end: Pos | None = None
-    if items:
-        last = max(items, key=lambda n: (n.end_lineno, n.end_col_offset))  # type: ignore[attr-defined]
-        args_end = text.pos(last.end_lineno, last.end_col_offset)  # type: ignore[attr-defined]
-    close = Pos(span.end.row, span.end.col - 1)
-    between = text.slice(Span(args_end, close)) if args_end else ""
-    return CallInfo(
-        span=span,
-        callee=text.slice(text.span(call.func)),
-        args_end=args_end,
-        close_paren=close,
-        trailing_comma="," in _strip_comments(between),
-        multiline=span.start.row != span.end.row,
-        aligned_rows=_aligned_rows(text, call, span) if align else (),
-    )
-
-
-def _aligned_rows(text: SourceText, call: ast.Call, span: Span) -> tuple[int, ...]:
-    if span.start.row == span.end.row:
-        return ()
-    callee_end = text.span(call.func).end
-    line = text.line(callee_end.row)
-    paren = line.find("(", callee_end.col)
-    if paren < 0 or line[callee_end.col:paren].strip():
-        return ()
-    rows = tuple(r for r in range(callee_end.row + 1, span.end.row + 1)
-                 if text.line(r).strip() and len(text.indentation(r)) == paren + 1)
-    if rows:
-        rows = tuple(r for r in rows if r not in text.rows_inside_strings)
-    return rows
-
-
-def _strip_comments(text: str) -> str:
-    return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
-
-
 def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:
     if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1 and \
             isinstance(stmt.targets[0], ast.Name):
@@ -652,3 +638,4 @@ def _stringy(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
         expr.func.attr == "format" and isinstance(expr.func.value, ast.Constant) and \
         isinstance(expr.func.value.value, str)
+

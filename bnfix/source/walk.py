@@ -10,12 +10,12 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from bnfix.ir import Block, FunctionInfo, Param, WithItem
-from bnfix.rulebook import ApiSpec, Catalogue
+from bnfix.rulebook import ApiSpec, Catalogue, LayerSpec
 from bnfix.source.imports import ImportTable
 from bnfix.source.text import SourceText
 
 RANGE_NAMES = {"range", "xrange", "six.moves.range", "six.moves.xrange"}
-WATCHED_ATTRIBUTES = frozenset({"trainable"})  # `layer.<attr> = value` assignments recorded
+WATCHED_ATTRIBUTES = frozenset({"trainable", "requires_grad"})  # `x.<attr> = value` recorded
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,12 @@ class Vocabulary:
     var_sources: dict[str, frozenset[str]]
     coll_sources: dict[str, frozenset[str]]
     training_flags: frozenset[str]
+    optimizer_prefixes: tuple[str, ...]
 
 
 @functools.lru_cache(maxsize=8)
 def vocabulary(catalogue: Catalogue) -> Vocabulary:
-    tf1 = catalogue.tf1
+    tf1 = catalogue.training
     fn_kind = {name: kind for kind, names in tf1.get("functions", {}).items() for name in names}
     method_kind = {name: kind for kind, names in tf1.get("methods", {}).items() for name in names}
     collections: dict[str, str] = {}
@@ -55,6 +56,7 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
         var_sources={k: frozenset(v) for k, v in tf1.get("variable_sources", {}).items()},
         coll_sources={k: frozenset(v) for k, v in tf1.get("collection_sources", {}).items()},
         training_flags=frozenset(tf1.get("training_flags", {}).get("names", ())),
+        optimizer_prefixes=tuple(tf1.get("optimizers", {}).get("prefixes", ())),
     )
 
 
@@ -87,6 +89,9 @@ class Ctx:
     withs: tuple[WithFrame, ...] = ()
     loops: tuple[Loop, ...] = ()
     guards: tuple[tuple[str, ast.expr], ...] = ()  # `if isinstance(name, Class):` around here
+    region: ast.AST | None = None  # the innermost `with torch.no_grad()` / decorated function
+    param_loops: tuple[tuple[str, str, ast.stmt], ...] = ()  # `for p in m.parameters()`: p, m
+    conditions: tuple[str, ...] = ()  # tests of the enclosing `if`s in this function
 
 
 @dataclass
@@ -156,6 +161,15 @@ class Walker:
         self.arg_scoped: set[str] = set()  # BN API ids named in an arg_scope
         self.markers: list[tuple[str, ast.AST]] = []
         self.averages_loss = False  # tf.nn.compute_average_loss & co.
+        self.attr_calls: list[RawCall] = []  # `x.method(...)` with a plain receiver
+        self.model_calls: list[RawCall] = []  # `net(x)` / `self.net(x)` / `m.f(x)` in a region
+        self.block_of: dict[int, int] = {}  # statement -> the id of the body holding it
+        self.blocks: dict[int, list[ast.stmt]] = {}  # that id -> the body
+        self.block_owner: dict[int, ast.If] = {}  # an `if` body's id -> the `if`
+        self.layer_raw: list[tuple[RawCall, LayerSpec]] = []
+        self.step_raw: list[RawCall] = []  # model wraps, optimizers, SyncBN conversions
+        self.sequential_raw: list[RawCall] = []
+        self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
 
     def walk(self) -> Walker:
         for stmt in self.tree.body:  # module-level imports first: they bind file-wide
@@ -165,7 +179,10 @@ class Walker:
         return self
 
     def _body(self, stmts: list[ast.stmt], ctx: Ctx) -> None:
+        block = id(stmts)
+        self.blocks[block] = stmts
         for stmt in stmts:
+            self.block_of[id(stmt)] = block
             self._stmt(stmt, ctx)
 
     def _stmt(self, stmt: ast.stmt, ctx: Ctx) -> None:
@@ -206,10 +223,14 @@ class Walker:
             self._bind_target(stmt.target, stmt.value, stmt, ctx, kind)
             if isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and _reciprocal(stmt.value)):
                 self._note_division(stmt.target, stmt.value, ctx)
-        elif isinstance(stmt, ast.If) and (guard := _isinstance_guard(stmt.test)) is not None:
+        elif isinstance(stmt, ast.If):
+            self.block_owner[id(stmt.body)] = stmt
             self._expr(stmt.test, ctx, stmt)
-            self._body(stmt.body, replace(ctx, guards=(*ctx.guards, guard)))
-            self._body(stmt.orelse, ctx)
+            test = self.text.slice(self.text.span(stmt.test))
+            guard = _guard(stmt.test)
+            guards = (*ctx.guards, guard) if guard is not None else ctx.guards
+            self._body(stmt.body, replace(ctx, guards=guards, conditions=(*ctx.conditions, test)))
+            self._body(stmt.orelse, replace(ctx, conditions=(*ctx.conditions, f"not ({test})")))
         else:
             for name, value in ast.iter_fields(stmt):
                 if isinstance(value, list):
@@ -280,8 +301,13 @@ class Walker:
         self.functions.append(function)
         if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list):
             self.static.add(id(function))
+        self.function_nodes[id(function)] = node
+        no_grad = any(self.vocab.fn_kind.get(self.qualname(
+            d.func if isinstance(d, ast.Call) else d) or "") == "no_grad" for d in node.decorator_list)
         self._body(node.body, replace(ctx, function=function,
-                                      class_name=ctx.class_name if ctx.function is None else None))
+                                      class_name=ctx.class_name if ctx.function is None else None,
+                                      region=node if no_grad else None, guards=(),
+                                      param_loops=(), conditions=()))
 
     def _for(self, node: ast.For | ast.AsyncFor, ctx: Ctx) -> None:
         self._expr(node.iter, ctx, node)
@@ -291,6 +317,11 @@ class Walker:
         loop = Loop(node, ctx.function, targets, loop_var, zero,
                     reuse=any(w.reuse for w in ctx.withs), zip_star=_is_zip_star(node.iter))
         inner = replace(ctx, loops=(*ctx.loops, loop))
+        it = node.iter
+        if isinstance(node.target, ast.Name) and isinstance(it, ast.Call) and \
+                isinstance(it.func, ast.Attribute) and it.func.attr == "parameters" and not it.args:
+            owner = self.text.slice(self.text.span(it.func.value))
+            inner = replace(inner, param_loops=(*ctx.param_loops, (node.target.id, owner, node)))
         self._body(node.body, inner)
         self._body(node.orelse, ctx)
         self.loops.append(loop)
@@ -327,7 +358,8 @@ class Walker:
         withs = ctx.withs + tuple(frames)
         for frame in frames:
             self._note_scope(frame, node, ctx)
-        self._body(node.body, replace(ctx, withs=withs))
+        no_grad = any(frame.category == "no_grad" for frame in frames)
+        self._body(node.body, replace(ctx, withs=withs, region=node if no_grad else ctx.region))
 
     def _with_frame(self, item: ast.withitem, as_name: str | None, node: ast.With | ast.AsyncWith,
                     ctx: Ctx) -> WithFrame:
@@ -446,6 +478,10 @@ class Walker:
                 raw.written = self.imports.qualname(func) or qual
                 self.bn_raw.append((raw, spec))
                 return
+            layer = self.cat.layers.get(qual)
+            if layer is not None:
+                self.layer_raw.append((raw, layer))
+                return
             kind = self.vocab.fn_kind.get(qual)
             if kind == "get_collection":
                 self.gets[id(call)] = raw
@@ -477,6 +513,14 @@ class Walker:
                 self.markers.append(("graph_mode", call))
             elif kind == "average_loss":
                 self.averages_loss = True
+            elif kind in ("model_wrap", "sync_convert"):
+                raw.kind = kind
+                self.step_raw.append(raw)
+            elif kind == "sequential":
+                self.sequential_raw.append(raw)
+            elif qual.startswith(self.vocab.optimizer_prefixes):
+                raw.kind = "optimizer"
+                self.step_raw.append(raw)
             return
         if isinstance(func, ast.Attribute):
             attr = func.attr
@@ -502,8 +546,14 @@ class Walker:
             owner = func.value.id if isinstance(func.value, ast.Name) else None
             if owner in ("self", "cls") or owner in self.class_names:
                 self.local_calls.append(raw)
+            if _plain_receiver(func.value):
+                raw.kind = attr
+                self.attr_calls.append(raw)
         elif isinstance(func, (ast.Name, ast.Call)):
             self.local_calls.append(raw)
+        if ctx.region is not None and _plain_receiver(func):
+            raw.kind = raw.kind or "model_call"
+            self.model_calls.append(raw)
 
 
 @functools.cache
@@ -530,12 +580,16 @@ def _reciprocal(expr: ast.expr) -> bool:
         isinstance(expr.left, ast.Constant) and expr.left.value == 1
 
 
-def _isinstance_guard(test: ast.expr) -> tuple[str, ast.expr] | None:
-    """`isinstance(layer, BatchNormalization)` -> ("layer", <the class expression>)."""
+def _guard(test: ast.expr) -> tuple[str, ast.expr] | None:
+    """`isinstance(layer, BatchNormalization)` -> ("layer", <the class expression>); a test on
+    the class name (`classname.find('BatchNorm') != -1`) -> ("*", <the test>)."""
     if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and \
             test.func.id == "isinstance" and len(test.args) == 2 and \
             isinstance(test.args[0], ast.Name):
         return test.args[0].id, test.args[1]
+    if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "BatchNorm" in n.value
+           for n in ast.walk(test)):
+        return "*", test
     return None
 
 
@@ -551,3 +605,10 @@ def _is_zip_star(expr: ast.expr) -> bool:
 def _zip(target: ast.expr) -> Zip:
     names = frozenset(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     return Zip(names, target.id if isinstance(target, ast.Name) else None)
+
+
+def _plain_receiver(expr: ast.expr) -> bool:
+    """`model`, `self.model`, `self.net.backbone`: a name or attribute chain, nothing computed."""
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return isinstance(expr, ast.Name)

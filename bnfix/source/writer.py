@@ -11,7 +11,17 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field, replace
 
-from bnfix.ir import Edit, EditOp, Fix, Pos, Span, WrapStatements
+from bnfix.ir import (
+    DeleteRows,
+    Edit,
+    EditOp,
+    Fix,
+    InsertRows,
+    Pos,
+    Span,
+    TryFinally,
+    WrapStatements,
+)
 from bnfix.source.text import SourceText
 
 
@@ -25,7 +35,48 @@ def lower(fix: Fix, text: SourceText) -> Fix:
 def _lower_op(op: EditOp, text: SourceText) -> Edit:
     if isinstance(op, Edit):
         return op
-    return _wrap(op, text)
+    if isinstance(op, WrapStatements):
+        return _wrap(op, text)
+    if isinstance(op, InsertRows):
+        return _insert_rows(op, text)
+    if isinstance(op, DeleteRows):
+        return _delete_rows(op, text)
+    return _try_finally(op, text)
+
+
+def _row_start(text: SourceText, row: int) -> Pos:
+    """The start of `row`, or the end of the text for the row after the last one."""
+    if row <= text.row_count:
+        return Pos(row, 0)
+    last = text.row_count
+    return Pos(last, len(text.line_with_ending(last)))
+
+
+def _insert_rows(op: InsertRows, text: SourceText) -> Edit:
+    nl, unit = text.newline, text.indent_unit
+    body = "".join(op.indent + unit * level + line + nl for level, line in op.lines)
+    at = _row_start(text, op.at_row)
+    if op.at_row > text.row_count and not text.line_with_ending(text.row_count).endswith(("\n", "\r")):
+        body = nl + body  # the file does not end with a newline
+    return Edit(Span.at(at), body)
+
+
+def _delete_rows(op: DeleteRows, text: SourceText) -> Edit:
+    return Edit(Span(Pos(op.first_row, 0), _row_start(text, op.last_row + 1)), "")
+
+
+def _try_finally(op: TryFinally, text: SourceText) -> Edit:
+    indent = text.indentation(op.first_row)
+    unit = text.indent_unit
+    inside = text.rows_inside_strings
+    lines = [indent + line for line in op.before] + [indent + "try:"]
+    for row in range(op.first_row, op.last_row + 1):
+        line = text.line(row)
+        lines.append(line if row in inside or not line.strip() else unit + line)
+    lines.append(indent + "finally:")
+    lines += [indent + unit + line for line in op.finally_]
+    end = Pos(op.last_row, len(text.line(op.last_row)))
+    return Edit(Span(Pos(op.first_row, 0), end), text.newline.join(lines))
 
 
 def _wrap(op: WrapStatements, text: SourceText) -> Edit:

@@ -1,0 +1,25 @@
+"""Naming conventions the rules rely on: what a function that evaluates a model is called."""
+
+from __future__ import annotations
+
+from bnfix.ir import FunctionInfo
+
+# Functions that evaluate a model: these exact names, or names with these prefixes/suffixes.
+# Unit tests (`test_*`) are not evaluation code.
+EVALUATION_NAMES = frozenset({
+    "eval", "evaluate", "evaluation", "test", "predict", "infer", "inference", "serve",
+    "validate", "validation", "val", "test_step", "test_epoch", "run_test", "test_model",
+})
+EVALUATION_PREFIXES = ("eval_", "evaluate_", "validate_", "validation_", "val_", "predict_",
+                       "infer_", "inference_", "serve_", "serving_")
+EVALUATION_SUFFIXES = ("_eval", "_evaluate", "_evaluation", "_validate", "_validation",
+                       "_predict", "_inference", "_serving")
+
+
+def is_evaluation(function: FunctionInfo | None) -> bool:
+    """A function whose name says it evaluates a model (`validate`, `eval_step`, `test`)."""
+    if function is None:
+        return False
+    name = function.name.lower().strip("_")
+    return name in EVALUATION_NAMES or name.startswith(EVALUATION_PREFIXES) or \
+        name.endswith(EVALUATION_SUFFIXES)

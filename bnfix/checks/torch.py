@@ -1,0 +1,245 @@
+"""PyTorch training-loop rules: evaluation without eval() (BN101), a BN freeze that train()
+undoes (BN102), SyncBN converted after the wrap/optimizer (BN103), a bias right before BN
+(BN104, Keras too), and BN parameters frozen while the running statistics still move (BN105)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from bnfix.checks import check
+from bnfix.checks.names import is_evaluation
+from bnfix.ir import (
+    Applicability,
+    DeleteRows,
+    Edit,
+    Finding,
+    Fix,
+    FreezeCall,
+    FunctionInfo,
+    InsertRows,
+    ModeCall,
+    ModelCall,
+    ModelStep,
+    ModuleIR,
+    ParamFreeze,
+    Span,
+    TryFinally,
+    is_const,
+)
+
+UNSAFE = Applicability.UNSAFE
+DISPLAY = Applicability.DISPLAY_ONLY
+
+
+# ---------------------------------------------------------------------------------------------
+# BN101 missing-eval-mode
+
+
+def _evaluation_calls(module: ModuleIR) -> dict[tuple[int, str], list[ModelCall]]:
+    """Model calls in evaluation code, by (function, model): inside `torch.no_grad()` /
+    `inference_mode()`, or in a function named like evaluation (`validate`, `evaluate`, …)."""
+    groups: dict[tuple[int, str], list[ModelCall]] = defaultdict(list)
+    for call in module.model_calls:
+        if call.region is not None or is_evaluation(call.function):
+            groups[(id(call.function), call.target)].append(call)
+    return groups
+
+
+@check("BN101")
+def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
+    trained = {m.target for m in module.mode_calls if m.kind == "train"}
+    evals = [m for m in module.mode_calls if m.kind == "eval"]
+    for (_, target), calls in _evaluation_calls(module).items():
+        if target not in trained:
+            continue
+        first = min(calls, key=lambda c: c.span.start)
+        function = first.function
+        if any(e.target == target and e.function is function and e.span.start < first.span.start
+               for e in evals):
+            continue
+        if function is not None and target in function.callers_eval:
+            continue
+        where = f"`{function.name}`" if function is not None else "this evaluation code"
+        message = (
+            f"{where} runs `{target}` for evaluation without `{target}.eval()`, and `{target}` is "
+            "put in train mode elsewhere in this module: its BatchNorm layers normalize with the "
+            "batch's statistics and keep updating their running averages during evaluation"
+        )
+        yield Finding("BN101", first.span, message, _bn101_fix(module, first, target))
+
+
+def _bn101_fix(module: ModuleIR, call: ModelCall, target: str) -> Fix:
+    """Guard the whole function when it is evaluation code (by name or decorator), else the
+    `no_grad` block the model runs in."""
+    function = call.function
+    whole = function is not None and (is_evaluation(function) or (
+        call.region is not None and call.region.kind == "function"))
+    body = function.body if whole and function is not None else (
+        call.region.body if call.region is not None else None)
+    if body is None:
+        return Fix(DISPLAY, f"Call `{target}.eval()` before evaluating (and restore the mode)")
+    saved = module.fresh_name("was_training")
+    guard = TryFinally(body.first_row, body.last_row,
+                       (f"{saved} = {target}.training", f"{target}.eval()"),
+                       (f"{target}.train({saved})",))
+    return Fix(UNSAFE, f"Evaluate in eval mode and restore `{target}`'s mode afterwards", (guard,))
+
+
+# ---------------------------------------------------------------------------------------------
+# BN102 train-undoes-bn-freeze
+
+
+@check("BN102")
+def train_undoes_bn_freeze(module: ModuleIR) -> Iterator[Finding]:
+    for shadow in module.shadowed_methods:
+        message = (
+            f"`self.{shadow.name} = ...` in class `{shadow.class_name}` hides its method "
+            f"`{shadow.name}()` that freezes BatchNorm: `obj.{shadow.name}()` then calls the "
+            "attribute (a TypeError for a bool) or `if obj.freeze…:` tests the method (always "
+            "true), and the BN freeze silently never happens; rename the attribute"
+        )
+        yield Finding("BN102", shadow.span, message, Fix(DISPLAY, "Rename the attribute"))
+    if module.freezing_trains:
+        return  # a class re-applies its freeze in train(): the freeze survives train()
+    freezes = defaultdict(list)
+    for freeze in module.freeze_calls:
+        freezes[freeze.target].append(freeze)
+    for mode in module.mode_calls:
+        if mode.kind != "train" or mode.target not in freezes:
+            continue
+        applied = freezes[mode.target]
+        if any(f.function is mode.function and f.span.start > mode.span.start for f in applied):
+            continue  # re-frozen after this train()
+        freeze = applied[0]
+        message = (
+            f"`{mode.target}.train()` puts every BatchNorm back in train mode, undoing the BN "
+            f"freeze `{freeze.text.format(target=freeze.target)}` (line {freeze.span.start.row}), "
+            "which is not applied again afterwards: the frozen BNs' running statistics move "
+            "again from here on"
+        )
+        yield Finding("BN102", mode.span, message, _bn102_fix(mode, freeze))
+
+
+def _bn102_fix(mode: ModeCall, freeze: FreezeCall) -> Fix:
+    text = freeze.text.format(target=mode.target)
+    advice = Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()`: `{text}`")
+    statement = mode.statement
+    if not statement.wrappable:
+        return advice
+    lines: tuple[tuple[int, str], ...] = ((0, text),)
+    if freeze.condition is not None:
+        same_function = freeze.function is mode.function and freeze.span.start < mode.span.start
+        same_class = freeze.condition.startswith("self.") and freeze.function is not None and \
+            mode.function is not None and freeze.function.class_name == mode.function.class_name
+        if not (same_function or same_class):
+            return advice
+        lines = ((0, f"if {freeze.condition}:"), (1, text))
+    insert = InsertRows(statement.last_row + 1, statement.indent, lines)
+    return Fix(UNSAFE, f"Re-apply the BN freeze after `{mode.target}.train()`", (insert,))
+
+
+# ---------------------------------------------------------------------------------------------
+# BN103 sync-bn-after-wrap
+
+
+def _base(target: str) -> str:
+    return target.removesuffix(".module")
+
+
+@check("BN103")
+def sync_bn_after_wrap(module: ModuleIR) -> Iterator[Finding]:
+    for convert in (s for s in module.model_steps if s.kind == "sync_convert"):
+        model = _base(convert.target)
+        earlier = [
+            s for s in module.model_steps
+            if s.kind in ("model_wrap", "optimizer") and s.function is convert.function
+            and s.statement.first_row < convert.statement.first_row
+            and model in (s.target, s.assigned, _base(s.target))
+        ]
+        if not earlier:
+            continue
+        what = " and ".join(sorted({
+            "after the model was wrapped for data parallelism" if s.kind == "model_wrap"
+            else "after the optimizer was built from its parameters" for s in earlier}))
+        message = (
+            f"`{convert.call.callee}` converts `{convert.target}` {what} (line "
+            f"{earlier[0].statement.first_row}): the wrapper was built over the old modules, and "
+            "a converter that makes new parameters (apex) leaves the optimizer updating stale "
+            "ones; convert before wrapping and before building the optimizer"
+        )
+        yield Finding("BN103", convert.call.span, message, _bn103_fix(convert, earlier))
+
+
+def _bn103_fix(convert: ModelStep, earlier: list[ModelStep]) -> Fix:
+    advice = Fix(DISPLAY, "Convert to SyncBatchNorm before the wrap and the optimizer")
+    move = convert.move
+    first = min(earlier, key=lambda s: s.statement.first_row)
+    if move is None or not move.wrappable or not first.statement.wrappable or \
+            any(s.statement.block != move.block for s in earlier):
+        return advice
+    lines = tuple((0, line) for line in convert.move_lines)
+    edits = (InsertRows(first.statement.first_row, first.statement.indent, lines),
+             DeleteRows(move.first_row, move.last_row))
+    return Fix(UNSAFE, "Move the conversion before the wrap and the optimizer", edits)
+
+
+# ---------------------------------------------------------------------------------------------
+# BN104 bias-before-bn
+
+
+@check("BN104")
+def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
+    for pair in module.bias_before_bn:
+        layer, bn = pair.layer, pair.bn
+        if (layer.framework == "torch") != (bn.api.framework == "torch"):
+            continue
+        if layer.bias is not None and not is_const(layer.bias.value, True):
+            continue  # bias=False, or not known
+        if layer.activation is not None and not is_const(layer.activation.value, None):
+            continue  # an activation between the bias and the BN: the bias is not cancelled
+        name = layer.bias_param
+        message = (
+            f"`{layer.call.callee}` adds a bias that the following `{bn.call.callee}` cancels "
+            f"(BatchNorm subtracts the per-channel mean, bias included): `{name}=False` saves the "
+            "parameters and their optimizer state"
+        )
+        if layer.bias is not None:
+            edit = Edit(layer.bias.value_span, "False")
+        elif layer.call.args_end is None:
+            edit = Edit(Span.at(layer.call.close_paren), f"{name}=False")
+        else:
+            edit = Edit(Span.at(layer.call.args_end), f", {name}=False")
+        yield Finding("BN104", layer.call.span, message,
+                      Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)))
+
+
+# ---------------------------------------------------------------------------------------------
+# BN105 frozen-bn-still-updating
+
+
+def _puts_in_eval(module: ModuleIR, owner: str, function: FunctionInfo | None) -> bool:
+    return any(m.kind == "eval" and m.target == owner and m.function is function
+               for m in module.mode_calls)
+
+
+@check("BN105")
+def frozen_bn_still_updating(module: ModuleIR) -> Iterator[Finding]:
+    groups: dict[tuple[int, str], list[ParamFreeze]] = defaultdict(list)
+    for frozen in module.param_freezes:
+        if frozen.is_bn and not _puts_in_eval(module, frozen.owner, frozen.function):
+            groups[(id(frozen.function), frozen.owner)].append(frozen)
+    for (_, owner), frozen in groups.items():  # weight and bias of one BN: one finding
+        first = min(frozen, key=lambda f: f.span.start)
+        after = max((f.after for f in frozen), key=lambda s: s.last_row)
+        message = (
+            f"the parameters of BatchNorm `{owner}` stop training (requires_grad=False), but "
+            f"`{owner}` stays in train mode: it still normalizes with batch statistics and its "
+            "running mean/variance keep moving; put it in eval mode too (and re-apply that after "
+            "every `model.train()`, see BN102)"
+        )
+        fix = Fix(DISPLAY, f"Call `{owner}.eval()` as well")
+        if after.wrappable:
+            insert = InsertRows(after.last_row + 1, after.indent, ((0, f"{owner}.eval()"),))
+            fix = Fix(UNSAFE, f"Also put `{owner}` in eval mode", (insert,))
+        yield Finding("BN105", first.span, message, fix)

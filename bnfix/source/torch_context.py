@@ -1,0 +1,410 @@
+"""Resolution of the PyTorch (and Keras layer-stacking) training context: evaluation regions
+and the module calls inside them, train/eval switches, BN freezes and where they are applied,
+frozen parameters, the order of SyncBN conversion / DDP wrap / optimizer, and biased layers
+that feed a BatchNorm. Like `resolve.py`, it reads the walker's records only."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from typing import TYPE_CHECKING
+
+from bnfix.ir import (
+    BiasBeforeBN,
+    BiasedLayer,
+    Block,
+    BNSite,
+    FreezeCall,
+    FunctionInfo,
+    ModeCall,
+    ModelCall,
+    ModelStep,
+    ModuleIR,
+    ParamFreeze,
+    Region,
+    ShadowedMethod,
+    is_const,
+)
+from bnfix.source.calls import call_info
+from bnfix.source.walk import Ctx, RawCall
+
+if TYPE_CHECKING:
+    from bnfix.source.resolve import Resolver
+
+
+class TorchContext:
+    def __init__(self, resolver: Resolver) -> None:
+        self.r = resolver
+        self.w = resolver.w
+        self.text = resolver.text
+        self._regions: dict[int, Region | None] = {}
+
+    def lift_into(self, module: ModuleIR) -> None:
+        self.bn_targets = self._bn_targets(module.bn_sites)
+        module.mode_calls = [m for m in map(self._mode_call, self.w.attr_calls) if m is not None]
+        module.mode_calls += self._helper_evals(module.mode_calls)
+        module.model_calls = [m for m in map(self._model_call, self.w.model_calls) if m is not None]
+        self._callers_eval(module)
+        self._freezes(module)
+        module.param_freezes = self._param_freezes()
+        module.model_steps = [s for s in map(self._model_step, self.w.step_raw) if s is not None]
+        module.bias_before_bn = self._bias_before_bn(module.bn_sites)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _text(self, node: ast.AST) -> str:
+        return self.text.slice(self.text.span(node))
+
+    def _bn_targets(self, sites: list[BNSite]) -> dict[str, BNSite]:
+        """Texts that name a BN module: `self.bn1` (assigned a BN in a class), `bn`."""
+        out = {}
+        for site in sites:
+            target = self.r.site_target(site)
+            if target is not None:
+                out[target[0]] = site
+        return out
+
+    def _narrowed_to_bn(self, name: str, ctx: Ctx, updating: bool = False) -> bool:
+        """`name` is a BN here: an enclosing isinstance() names a BN class, or an enclosing test
+        looks for "BatchNorm" in a class name, or it is a BN module attribute. With `updating`,
+        only BNs whose running statistics move in train mode (not FrozenBatchNorm2d)."""
+        site = self.bn_targets.get(name)
+        if site is not None:
+            return not updating or site.api.updates == "module"
+        for guarded, test in ctx.guards:
+            if guarded == "*":
+                return True
+            if guarded != name:
+                continue
+            options = test.elts if isinstance(test, ast.Tuple) else [test]
+            for option in options:
+                spec = self.w.cat.apis.get(self.w.qualname(option) or "")
+                if spec is not None and (not updating or spec.updates == "module"):
+                    return True
+        return False
+
+    def _region(self, node: ast.AST | None) -> Region | None:
+        if node is None:
+            return None
+        if id(node) not in self._regions:
+            span = self.text.span(node)
+            if isinstance(node, (ast.With, ast.AsyncWith)):
+                ok = self.text.starts_row(span.start)
+                body = Block(node.lineno, node.lineno, node.end_lineno or node.lineno,
+                             self.text.indentation(node.lineno)) if ok else None
+                self._regions[id(node)] = Region("with", span, body)
+            else:
+                function = next(f for f in self.w.functions
+                                if self.w.function_nodes[id(f)] is node)
+                self._regions[id(node)] = Region("function", span, function.body)
+        return self._regions[id(node)]
+
+    # -- eval / train ----------------------------------------------------------------------
+
+    def _mode_call(self, raw: RawCall) -> ModeCall | None:
+        call = raw.call
+        if raw.kind == "eval" and not call.args and not call.keywords:
+            kind = "eval"
+        elif raw.kind == "train":
+            flag = call.args[0] if call.args else next(
+                (k.value for k in call.keywords if k.arg == "mode"), None)
+            if flag is None or (isinstance(flag, ast.Constant) and flag.value is True):
+                kind = "train"
+            elif isinstance(flag, ast.Constant) and flag.value is False:
+                kind = "eval"
+            else:
+                kind = "restore"  # model.train(was_training): puts back what it was
+        else:
+            return None
+        assert isinstance(call.func, ast.Attribute)
+        target = self._text(call.func.value)
+        return ModeCall(kind, target, self.text.span(call), self.r.statement(raw.stmt),
+                        raw.ctx.function, self._narrowed_to_bn(target, raw.ctx))
+
+    def _module_function_calls(self) -> list[tuple[RawCall, FunctionInfo]]:
+        """Calls of the module's top-level functions by name."""
+        top = {f.name: f for f in self.w.functions if f.class_name is None and "<locals>" not in f.qualname}
+        return [(raw, top[raw.call.func.id]) for raw in self.w.local_calls
+                if isinstance(raw.call.func, ast.Name) and raw.call.func.id in top]
+
+    def _helper_evals(self, calls: list[ModeCall]) -> list[ModeCall]:
+        """`set_eval(model)` where `def set_eval(m): m.eval()`: an eval of `model`."""
+        helpers: dict[int, int] = {}  # function -> index of the parameter it puts in eval mode
+        for call in calls:
+            f = call.function
+            if call.kind == "eval" and f is not None and call.target in f.params:
+                helpers.setdefault(id(f), f.params[call.target].index)
+        out = []
+        for raw, f in self._module_function_calls():
+            index = helpers.get(id(f))
+            if index is not None and 0 <= index < len(raw.call.args):
+                out.append(ModeCall("eval", self._text(raw.call.args[index]),
+                                    self.text.span(raw.call), self.r.statement(raw.stmt),
+                                    raw.ctx.function, False))
+        return out
+
+    def _callers_eval(self, module: ModuleIR) -> None:
+        """Parameters of an evaluation function that every caller puts in eval mode before the
+        call (`model.eval(); validate(model, loader)`)."""
+        evals = [m for m in module.mode_calls if m.kind == "eval"]
+        with_calls = {id(m.function) for m in module.model_calls if m.function is not None}
+        sites: dict[int, list[tuple[RawCall, FunctionInfo]]] = {}
+        for raw, f in self._module_function_calls():
+            if id(f) in with_calls:
+                sites.setdefault(id(f), []).append((raw, f))
+        for calls in sites.values():
+            f = calls[0][1]
+            ordered = sorted((p for p in f.params.values() if p.positional), key=lambda p: p.index)
+            prepared: set[str] | None = None
+            for raw, _ in calls:
+                here = set()
+                for param, arg in zip(ordered, raw.call.args):
+                    text = self._text(arg)
+                    if any(e.target == text and e.function is raw.ctx.function and
+                           e.span.start.row < raw.call.lineno for e in evals):
+                        here.add(param.name)
+                prepared = here if prepared is None else prepared & here
+            f.callers_eval = frozenset(prepared or ())
+
+    def _model_call(self, raw: RawCall) -> ModelCall | None:
+        func = raw.call.func
+        if isinstance(func, ast.Name) and (func.id in self.w.class_names or any(
+                f.name == func.id and f.class_name is None for f in self.w.functions)):
+            return None  # the module's own function or class, not a model
+        return ModelCall(self._text(func), self.text.span(raw.call), raw.ctx.function,
+                         self._region(raw.ctx.region))
+
+    # -- BN freezes ------------------------------------------------------------------------
+
+    def _freezes(self, module: ModuleIR) -> None:
+        """Freeze functions are those that put BN modules in eval mode, or apply another freeze
+        function; freeze calls are where they are applied, to which object."""
+        evals_bn = {id(m.function) for m in module.mode_calls
+                    if m.kind == "eval" and m.bn_guarded and m.function is not None}
+        freezers = {id(f): f for f in self.w.functions if id(f) in evals_bn}
+        calls: list[FreezeCall] = []
+        for _ in range(3):  # a freeze that applies a freeze (`self.apply(set_bn_eval)`)
+            calls = self._freeze_calls(freezers)
+            grown = {id(c.function): c.function for c in calls
+                     if c.function is not None and id(c.function) not in freezers}
+            if not grown:
+                break
+            freezers.update(grown)
+        calls += self._instance_freezes(calls, freezers)
+        module.freeze_calls = calls
+        module.freezing_trains = frozenset(
+            c.function.class_name for c in calls
+            if c.function is not None and c.function.name == "train" and c.function.class_name)
+        for key, defs in self.w.defs.items():
+            if key[0] != 0 or "." not in key[1]:
+                continue
+            cls, attr = key[1].split(".", 1)
+            if any(f.name == attr and f.class_name == cls for f in freezers.values()):
+                for _, _, stmt in defs:
+                    module.shadowed_methods.append(ShadowedMethod(cls, attr, self.text.span(stmt)))
+
+    def _freeze_calls(self, freezers: dict[int, FunctionInfo]) -> list[FreezeCall]:
+        methods = {f.name for f in freezers.values() if f.class_name}
+        functions = {f.name for f in freezers.values() if not f.class_name}
+        out = []
+        for raw in self.w.attr_calls:
+            call = raw.call
+            assert isinstance(call.func, ast.Attribute)
+            receiver = self._text(call.func.value)
+            if raw.kind in methods and not call.args:
+                out.append(self._freeze(raw, receiver, f"{{target}}.{raw.kind}()"))
+            elif raw.kind == "apply" and len(call.args) == 1 and \
+                    isinstance(call.args[0], ast.Name) and call.args[0].id in functions:
+                out.append(self._freeze(raw, receiver, f"{{target}}.apply({call.args[0].id})"))
+        for raw in self.w.local_calls:
+            func = raw.call.func
+            if isinstance(func, ast.Name) and func.id in functions and raw.call.args:
+                target = self._text(raw.call.args[0])
+                out.append(self._freeze(raw, target, f"{func.id}({{target}})"))
+        return out
+
+    def _freeze(self, raw: RawCall, target: str, template: str) -> FreezeCall:
+        condition = raw.ctx.conditions[-1] if raw.ctx.conditions else None
+        return FreezeCall(target, template, self.text.span(raw.call), self.r.statement(raw.stmt),
+                          raw.ctx.function, condition)
+
+    def _instance_freezes(self, calls: list[FreezeCall], freezers: dict[int, FunctionInfo]
+                          ) -> list[FreezeCall]:
+        """`self.freeze_bn()` in `__init__` of class C freezes every `x = C(...)` instance."""
+        out = []
+        for call in calls:
+            function = call.function
+            if call.target != "self" or function is None or function.class_name is None or \
+                    id(function) in freezers:
+                continue
+            for key, defs in self.w.defs.items():
+                for _, value, _ in defs:
+                    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+                            value.func.id == function.class_name:
+                        name = key[1] if key[0] != 0 or "." not in key[1] else \
+                            "self." + key[1].split(".", 1)[1]
+                        out.append(FreezeCall(name, call.text, call.span, call.statement,
+                                              function, call.condition))
+        return out
+
+    def _param_freezes(self) -> list[ParamFreeze]:
+        out = []
+        for target, value, stmt, ctx in self.w.attr_sets:
+            if target.attr != "requires_grad" or not is_const(self.r.value(value, ctx.function), False):
+                continue
+            owner_node = target.value
+            owner = self._text(owner_node)
+            after = stmt
+            loop = next((lp for lp in ctx.param_loops if lp[0] == owner), None)
+            if loop is not None:
+                owner, after = loop[1], loop[2]
+            elif isinstance(owner_node, ast.Attribute) and owner_node.attr in ("weight", "bias"):
+                owner = self._text(owner_node.value)
+            else:
+                continue
+            out.append(ParamFreeze(owner, self._narrowed_to_bn(owner, ctx, True), self.text.span(stmt),
+                                   self.r.statement(after, compound_ok=True), ctx.function))
+        for raw in self.w.attr_calls:
+            call = raw.call
+            if raw.kind != "requires_grad_":
+                continue
+            flag = call.args[0] if call.args else next(
+                (k.value for k in call.keywords if k.arg == "requires_grad"), None)
+            if not (isinstance(flag, ast.Constant) and flag.value is False):
+                continue
+            assert isinstance(call.func, ast.Attribute)
+            owner = self._text(call.func.value)
+            out.append(ParamFreeze(owner, self._narrowed_to_bn(owner, raw.ctx, True),
+                                   self.text.span(call), self.r.statement(raw.stmt),
+                                   raw.ctx.function))
+        return out
+
+    # -- distributed set-up ----------------------------------------------------------------
+
+    def _model_step(self, raw: RawCall) -> ModelStep | None:
+        call = raw.call
+        if not call.args:
+            return None
+        if raw.kind == "optimizer":
+            owner = next((n.func.value for n in ast.walk(call.args[0])
+                          if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                          and n.func.attr in ("parameters", "named_parameters")), None)
+            if owner is None:
+                return None
+            target = self._text(owner)
+        else:
+            target = self._text(call.args[0])
+        stmt = raw.stmt
+        assigned = None
+        if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
+            assigned = self._text(stmt.targets[0])
+        step = ModelStep(raw.kind, target, assigned, call_info(self.text, call),
+                         self.r.statement(stmt), raw.ctx.function, self._text(stmt))
+        if raw.kind == "sync_convert" and assigned == target:
+            owner = self.w.block_owner.get(self.w.block_of.get(id(stmt), 0))
+            movable: ast.stmt = stmt
+            if owner is not None and len(owner.body) == 1 and not owner.orelse:
+                movable = owner  # `if args.sync_bn: model = convert(model)` moves as a whole
+            step.move = self.r.statement(movable, compound_ok=True)
+            step.move_lines = self._rows(movable)
+        return step
+
+    def _rows(self, stmt: ast.stmt) -> tuple[str, ...]:
+        """A statement's rows with its own indentation removed (inner indentation kept)."""
+        indent = self.text.indentation(stmt.lineno)
+        rows = [self.text.line(r) for r in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)]
+        return tuple(row[len(indent):] if row.startswith(indent) else row.lstrip() for row in rows)
+
+    # -- biased layers feeding a BN ---------------------------------------------------------
+
+    def _bias_before_bn(self, sites: list[BNSite]) -> list[BiasBeforeBN]:
+        layers: dict[int, BiasedLayer] = {}
+        layer_targets: dict[str, BiasedLayer] = {}
+        for raw, spec in self.w.layer_raw:
+            args = self.r.bind_args(raw, spec.params)
+            layer = BiasedLayer(spec.framework, call_info(self.text, raw.call), args.get(spec.bias),
+                                args.get(spec.activation) if spec.activation else None, spec.bias)
+            layers[id(raw.call)] = layer
+            target = _assigned(raw.stmt, raw.call)
+            if target is not None:
+                layer_targets[self._scoped(target, raw.ctx)] = layer
+        bn_calls = {id(raw.call): site for (raw, _), site in zip(self.w.bn_raw, sites)}
+        bn_targets: dict[str, BNSite] = {}
+        for (raw, _), site in zip(self.w.bn_raw, sites):
+            target = _assigned(raw.stmt, raw.call)
+            if target is not None:
+                bn_targets[self._scoped(target, raw.ctx)] = site
+        pairs: list[BiasBeforeBN] = []
+        for raw in self.w.sequential_raw:
+            items = raw.call.args
+            if len(items) == 1 and isinstance(items[0], (ast.List, ast.Tuple)):
+                items = items[0].elts  # keras.Sequential([...])
+            for first, second in itertools.pairwise(items):
+                if id(first) in layers and id(second) in bn_calls:
+                    pairs.append(BiasBeforeBN(layers[id(first)], bn_calls[id(second)], "sequential"))
+
+        def applied(node: ast.expr, ctx: Ctx, table: dict, calls: dict) -> object | None:
+            """The layer / BN that `node` applies: `self.conv(x)` or `Conv2D(8, 3)(x)`."""
+            if not isinstance(node, ast.Call):
+                return None
+            if isinstance(node.func, ast.Call):
+                return calls.get(id(node.func))
+            return table.get(self._scoped(self._text(node.func), ctx))
+
+        for raw in self.w.local_calls + self.w.attr_calls:
+            site = applied(raw.call, raw.ctx, bn_targets, bn_calls)
+            if site is None or not raw.call.args:
+                continue
+            inner = applied(raw.call.args[0], raw.ctx, layer_targets, layers)
+            if isinstance(inner, BiasedLayer):
+                pairs.append(BiasBeforeBN(inner, site, "nested"))  # type: ignore[arg-type]
+                continue
+            previous = self._previous_assignment(raw)
+            if previous is not None:
+                inner = applied(previous, raw.ctx, layer_targets, layers)
+                if isinstance(inner, BiasedLayer):
+                    pairs.append(BiasBeforeBN(inner, site, "consecutive"))  # type: ignore[arg-type]
+        unique: dict[tuple[int, int], BiasBeforeBN] = {}
+        for pair in pairs:
+            unique.setdefault((id(pair.layer), id(pair.bn)), pair)
+        return list(unique.values())
+
+    def _previous_assignment(self, raw: RawCall) -> ast.expr | None:
+        """`x = self.conv(x)` right before `x = self.bn(x)`: the value of the statement before,
+        when it assigns the very name this call takes."""
+        stmt, call = raw.stmt, raw.call
+        if not (isinstance(stmt, ast.Assign) and stmt.value is call and call.args and
+                isinstance(call.args[0], ast.Name)):
+            return None
+        block = self.w.blocks.get(self.w.block_of.get(id(stmt), -1))
+        if not block:
+            return None
+        index = next(i for i, s in enumerate(block) if s is stmt)
+        if index == 0:
+            return None
+        before = block[index - 1]
+        if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
+                isinstance(before.targets[0], ast.Name) and before.targets[0].id == call.args[0].id:
+            return before.value
+        return None
+
+    @staticmethod
+    def _scoped(target: str, ctx: Ctx) -> str:
+        """Attribute targets are per class, names per function."""
+        if target.startswith("self."):
+            owner = ctx.function.class_name if ctx.function else ctx.class_name
+            return f"{owner}:{target}"
+        return f"{id(ctx.function)}:{target}"
+
+
+def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:
+    if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Name):
+            return target.id
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                target.value.id == "self":
+            return f"self.{target.attr}"
+    return None
+
+
