@@ -552,6 +552,7 @@ class FreezeCall:
     statement: Statement
     function: FunctionInfo | None
     condition: str | None  # the test of an enclosing `if` in the same function
+    condition_in_class: str | None = None  # the same test through `self.` attributes
 
 
 @dataclass(frozen=True)

@@ -127,3 +127,65 @@ def test_rules_marked_not_in_tests_skip_test_modules(tree):
     run = run_bnfix("check", "--output-format", "concise", ".", cwd=root)
     flagged = sorted(line.split(":")[0] for line in run.stdout.splitlines() if ": BN008" in line)
     assert flagged == ["model.py"]
+
+
+def test_bn102_condition_is_rewritten_through_self_or_the_fix_is_display_only():
+    template = """
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def freeze_bn(self):
+                for m in self.modules():
+                    if isinstance(m, nn.BatchNorm2d):
+                        m.eval()
+
+        class Trainer:
+            def __init__(self, args, freeze):
+                {store}
+                self.model = Net()
+                if {condition}:
+                    self.model.freeze_bn()
+
+            def epoch(self):
+                self.model.train()
+    """
+    stored = diagnostics(template.format(store="self.opts = args", condition="args.freeze"), ["BN102"])
+    assert stored[0].fix.applicability is Applicability.UNSAFE
+    assert "if self.opts.freeze:" in stored[0].fix.edits[0].content
+    unstored = diagnostics(template.format(store="pass", condition="freeze"), ["BN102"])
+    assert unstored[0].fix.applicability is Applicability.DISPLAY_ONLY
+
+
+def test_bn103_is_display_only_when_the_steps_are_in_different_blocks():
+    (d,) = diagnostics("""
+        import torch
+        import torch.nn as nn
+
+        def setup(model, distributed):
+            if distributed:
+                model = nn.parallel.DistributedDataParallel(model)
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            return model
+    """, ["BN103"])
+    assert d.fix.applicability is Applicability.DISPLAY_ONLY
+
+
+def test_bn104_keras_sequential_and_torch_sequential_in_a_list():
+    found = diagnostics("""
+        import tensorflow as tf
+        import torch.nn as nn
+
+        model = tf.keras.Sequential([tf.keras.layers.Dense(64), tf.keras.layers.BatchNormalization()])
+        mixed = nn.Sequential(nn.Linear(4, 4), tf.keras.layers.BatchNormalization())
+    """, ["BN104"])
+    assert [(d.span.start.row, d.fix.edits[0].content) for d in found] == [(4, ", use_bias=False")]
+
+
+def test_bn101_model_used_for_training_in_the_same_no_grad_free_function_is_not_evaluation():
+    assert diagnostics("""
+        import torch
+
+        def train(model, x):
+            model.train()
+            return model(x)
+    """, ["BN101"]) == []

@@ -129,12 +129,16 @@ def _bn102_fix(mode: ModeCall, freeze: FreezeCall) -> Fix:
         return advice
     lines: tuple[tuple[int, str], ...] = ((0, text),)
     if freeze.condition is not None:
-        same_function = freeze.function is mode.function and freeze.span.start < mode.span.start
-        same_class = freeze.condition.startswith("self.") and freeze.function is not None and \
-            mode.function is not None and freeze.function.class_name == mode.function.class_name
-        if not (same_function or same_class):
+        same_class = freeze.function is not None and mode.function is not None and \
+            freeze.function.class_name is not None and \
+            freeze.function.class_name == mode.function.class_name
+        if freeze.function is mode.function and freeze.span.start < mode.span.start:
+            condition = freeze.condition
+        elif same_class and freeze.condition_in_class is not None:
+            condition = freeze.condition_in_class
+        else:
             return advice
-        lines = ((0, f"if {freeze.condition}:"), (1, text))
+        lines = ((0, f"if {condition}:"), (1, text))
     insert = InsertRows(statement.last_row + 1, statement.indent, lines)
     return Fix(UNSAFE, f"Re-apply the BN freeze after `{mode.target}.train()`", (insert,))
 

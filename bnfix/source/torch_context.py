@@ -224,9 +224,46 @@ class TorchContext:
         return out
 
     def _freeze(self, raw: RawCall, target: str, template: str) -> FreezeCall:
-        condition = raw.ctx.conditions[-1] if raw.ctx.conditions else None
+        condition = in_class = None
+        if raw.ctx.conditions:
+            negated, test = raw.ctx.conditions[-1]
+            condition = self._condition(negated, self._text(test))
+            stored = self._through_self(test, raw.ctx.function)
+            in_class = self._condition(negated, stored) if stored is not None else None
         return FreezeCall(target, template, self.text.span(raw.call), self.r.statement(raw.stmt),
-                          raw.ctx.function, condition)
+                          raw.ctx.function, condition, in_class)
+
+    @staticmethod
+    def _condition(negated: bool, text: str) -> str:
+        return f"not ({text})" if negated else text
+
+    def _through_self(self, test: ast.expr, function: FunctionInfo | None) -> str | None:
+        """`args.freeze_bn` -> `self.args.freeze_bn` when the method stored its parameter
+        `args` as `self.args`; None when the test needs names other methods cannot see."""
+        if function is None or function.class_name is None:
+            return None
+        stored: dict[str, str] = {}
+        for key, defs in self.w.defs.items():
+            if key[0] == 0 and key[1].startswith(function.class_name + "."):
+                for _, value, _ in defs:
+                    if isinstance(value, ast.Name) and value.id in function.params:
+                        stored[value.id] = "self." + key[1].split(".", 1)[1]
+        text = self._text(test)
+        span = self.text.span(test)
+        edits = []
+        for node in ast.walk(test):
+            if isinstance(node, ast.Name) and node.id != "self":
+                if node.id not in stored:
+                    if node.id in function.params or node.id in self.w.names:
+                        return None
+                    continue  # a builtin or module global: visible from any method
+                start = self.text.span(node)
+                if start.start.row != span.start.row:
+                    return None
+                edits.append((start.start.col - span.start.col, len(node.id), stored[node.id]))
+        for offset, length, replacement in sorted(edits, reverse=True):
+            text = text[:offset] + replacement + text[offset + length:]
+        return text
 
     def _instance_freezes(self, calls: list[FreezeCall], freezers: dict[int, FunctionInfo]
                           ) -> list[FreezeCall]:
@@ -244,7 +281,7 @@ class TorchContext:
                         name = key[1] if key[0] != 0 or "." not in key[1] else \
                             "self." + key[1].split(".", 1)[1]
                         out.append(FreezeCall(name, call.text, call.span, call.statement,
-                                              function, call.condition))
+                                              function, call.condition, call.condition_in_class))
         return out
 
     def _param_freezes(self) -> list[ParamFreeze]:

@@ -91,7 +91,7 @@ class Ctx:
     guards: tuple[tuple[str, ast.expr], ...] = ()  # `if isinstance(name, Class):` around here
     region: ast.AST | None = None  # the innermost `with torch.no_grad()` / decorated function
     param_loops: tuple[tuple[str, str, ast.stmt], ...] = ()  # `for p in m.parameters()`: p, m
-    conditions: tuple[str, ...] = ()  # tests of the enclosing `if`s in this function
+    conditions: tuple[tuple[bool, ast.expr], ...] = ()  # enclosing `if` tests (negated?, test)
 
 
 @dataclass
@@ -226,11 +226,11 @@ class Walker:
         elif isinstance(stmt, ast.If):
             self.block_owner[id(stmt.body)] = stmt
             self._expr(stmt.test, ctx, stmt)
-            test = self.text.slice(self.text.span(stmt.test))
             guard = _guard(stmt.test)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
-            self._body(stmt.body, replace(ctx, guards=guards, conditions=(*ctx.conditions, test)))
-            self._body(stmt.orelse, replace(ctx, conditions=(*ctx.conditions, f"not ({test})")))
+            self._body(stmt.body, replace(ctx, guards=guards,
+                                          conditions=(*ctx.conditions, (False, stmt.test))))
+            self._body(stmt.orelse, replace(ctx, conditions=(*ctx.conditions, (True, stmt.test))))
         else:
             for name, value in ast.iter_fields(stmt):
                 if isinstance(value, list):
