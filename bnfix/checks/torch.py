@@ -58,6 +58,12 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
         if any(e.target == target and e.function is function and e.span.start < first.span.start
                for e in evals):
             continue
+        region = first.region
+        if any(m.kind == "train" and m.target == target and m.function is function and
+               m.span.start < first.span.start and
+               (region is None or region.kind == "function" or region.span.start <= m.span.start)
+               for m in module.mode_calls):
+            continue  # train mode set inside the evaluation code: on purpose (update_bn, ...)
         if function is not None and target in function.callers_eval:
             continue
         where = f"`{function.name}`" if function is not None else "this evaluation code"
