@@ -40,8 +40,12 @@ def _aligned_rows(text: SourceText, call: ast.Call, span: Span) -> tuple[int, ..
         return ()
     rows = tuple(r for r in range(callee_end.row + 1, span.end.row + 1)
                  if text.line(r).strip() and len(text.indentation(r)) == paren + 1)
-    if rows:
-        rows = tuple(r for r in rows if r not in text.rows_inside_strings)
+    if rows:  # a row that begins inside a multi-line string of the call is string content
+        inside = {r for node in ast.walk(call)
+                  if isinstance(node, (ast.Constant, ast.JoinedStr)) and node.end_lineno
+                  and node.end_lineno > node.lineno
+                  for r in range(node.lineno + 1, node.end_lineno + 1)}
+        rows = tuple(r for r in rows if r not in inside)
     return rows
 
 

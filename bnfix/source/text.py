@@ -40,8 +40,14 @@ class SourceText:
         end = self._starts[row] if row < len(self._starts) else len(self.text)
         return self.text[start:end]
 
+    @cached_property
+    def ascii(self) -> bool:
+        return self.text.isascii()
+
     def pos(self, lineno: int, byte_col: int) -> Pos:
         """An `ast` position (1-based line, UTF-8 byte column) as a character position."""
+        if self.ascii:
+            return Pos(lineno, byte_col)
         line = self.line(lineno)
         if line.isascii():
             return Pos(lineno, byte_col)
