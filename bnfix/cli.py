@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from bnfix import __version__
@@ -43,6 +44,8 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
                         default=None, help="check files that .gitignore excludes")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress line on a terminal")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="do not read or write .bnfix_cache/")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +90,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         force_exclude=args.force_exclude,
         respect_gitignore=args.respect_gitignore,
         progress=args.progress,
+        cache=args.cache,
     )
     return run(options)
 
@@ -147,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from bnfix.lint import UsageError
 
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return COMMANDS[args.command](args)
     except UsageError as exc:
@@ -154,3 +159,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
+        return 130
+    except Terminated:
+        sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+INTERRUPTED = ("interrupted: files already fixed are complete, the others are unchanged "
+               "(every write is a whole-file rename)")
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that a write in progress is rolled back."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()

@@ -3,20 +3,20 @@ rule over that IR, suppressions, and fix application (iterated until nothing mor
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from bnfix.checks import registry
+from bnfix.checks import ENGINE_CODES, Check, registry
 from bnfix.config import CURRENT_TENSORFLOW
-from bnfix.ir import Applicability, Finding, Fix, Pos, Span
+from bnfix.ir import Applicability, Edit, Finding, Fix, Pos, Span
 from bnfix.rulebook import RuleBook
-from bnfix.source import lift as lifting
-from bnfix.source.noqa import Suppressions
 from bnfix.source.reader import SourceError, decode, parse
 from bnfix.source.text import SourceText
-from bnfix.source.writer import apply_fixes, lower
+from bnfix.source.writer import apply_fixes, final_check, lower
 
 MAX_FIX_PASSES = 10
 # A rule trigger that stands for the BN API names of the catalogue (`@bn-apis:tensorflow`:
@@ -52,6 +52,9 @@ class FileResult:
     new_text: str | None = None  # the fixed text (not yet written)
     encoding: str = "utf-8"
     notes: list[str] = field(default_factory=list)  # fixes dropped, and why
+    digest: str | None = None  # of the bytes read
+    unchanged: bool = False  # the content matched the cached digest: not analysed again
+    ignored: frozenset[str] = frozenset()  # the per-file ignores it was checked with
 
     @property
     def changed(self) -> bool:
@@ -86,13 +89,11 @@ class Engine:
     def __init__(self, book: RuleBook, enabled: frozenset[str],
                  targets: dict[str, tuple[int, ...]] | None = None) -> None:
         self.book = book
-        checks = registry()
         self.enabled = enabled
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
-        self.checks = {code: checks[code] for code in sorted(enabled) if code in checks}
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
         self.triggers: dict[str, tuple[str, ...]] = {}
-        for code in self.checks:
+        for code in sorted(enabled - ENGINE_CODES):
             words: list[str] = []
             for trigger in book.rules[code].triggers:
                 if trigger == BN_APIS or trigger.startswith(BN_APIS + ":"):
@@ -101,6 +102,13 @@ class Engine:
                 else:
                     words.append(trigger)
             self.triggers[code] = _minimal_words(tuple(words)) if words else ()
+
+    @cached_property
+    def checks(self) -> dict[str, Check]:
+        """The enabled rules' logic, imported on first use: a run served from the cache never
+        loads the analysis."""
+        checks = registry()
+        return {code: checks[code] for code in sorted(self.enabled) if code in checks}
 
     # -- analysis --------------------------------------------------------------------------
 
@@ -121,6 +129,9 @@ class Engine:
             tree = parse(text, path)
         except SourceError as exc:
             return self._error(path, exc, ignored)
+        from bnfix.source import lift as lifting
+        from bnfix.source.noqa import Suppressions
+
         source = SourceText(text)
         module = lifting.lift(source, tree, path, self.book.catalogue)
         module.targets = self.targets
@@ -172,6 +183,14 @@ class Engine:
             result.fixed.extend(todo[i] for i in applied.applied)
             current = applied.text
             diagnostics = self.diagnose(current, path, ignored)
+        if current != text:
+            problem = final_check(current)
+            if problem is not None:  # CPython accepted every pass; LibCST does not: write nothing
+                result.notes.append(f"{path}: fixes dropped: LibCST cannot round-trip the result "
+                                    f"({problem})")
+                result.fixed = []
+                current = text
+                diagnostics = self.diagnose(text, path, ignored)
         result.diagnostics = diagnostics
         if current != text:
             result.original, result.new_text = text, current
@@ -180,7 +199,9 @@ class Engine:
     # -- files -----------------------------------------------------------------------------
 
     def run_file(self, path: Path, *, fix: bool, unsafe: bool,
-                 ignored: frozenset[str] = frozenset()) -> FileResult:
+                 ignored: frozenset[str] = frozenset(), known: str | None = None) -> FileResult:
+        """Check (or fix) one file; with `known`, a file whose content has that digest is not
+        analysed again (the caller has its findings)."""
         shown = str(path)
         try:
             data = path.read_bytes()
@@ -188,21 +209,54 @@ class Engine:
             reason = exc.strerror or str(exc)
             error = SourceError("BN901", f"cannot read: {reason}")
             return FileResult(shown, self._error(shown, error, ignored))
+        data_digest = hashlib.sha256(data).hexdigest()
+        if known is not None and data_digest == known:
+            return FileResult(shown, digest=data_digest, unchanged=True)
         try:
             decoded = decode(data)
         except SourceError as exc:
-            return FileResult(shown, self._error(shown, exc, ignored))
+            return FileResult(shown, self._error(shown, exc, ignored), digest=data_digest)
         if not fix:
             return FileResult(shown, self.diagnose(decoded.text, shown, ignored),
-                              encoding=decoded.encoding)
+                              encoding=decoded.encoding, digest=data_digest)
         result = self.fix_text(decoded.text, shown, unsafe, ignored)
         result.encoding = decoded.encoding
+        result.digest = data_digest
         return result
 
 
-def write_atomic(path: Path, text: str, encoding: str) -> None:
+def diagnostic_to_dict(d: Diagnostic) -> dict:
+    """A diagnostic as plain data (for the cache)."""
+    fix = None
+    if d.fix is not None:
+        fix = {"a": d.fix.applicability.value, "m": d.fix.message,
+               "e": [[*_span(e.span), e.content] for e in d.fix.edits if isinstance(e, Edit)]}
+    return {"c": d.code, "n": d.name, "s": _span(d.span), "m": d.message, "f": fix, "u": d.url,
+            "x": [list(row) for row in d.snippet]}
+
+
+def diagnostic_from_dict(data: dict, path: str) -> Diagnostic:
+    fix = None
+    if data["f"] is not None:
+        f = data["f"]
+        edits = tuple(Edit(_unspan(e[:4]), e[4]) for e in f["e"])
+        fix = Fix(Applicability(f["a"]), f["m"], edits)
+    return Diagnostic(path, data["c"], data["n"], _unspan(data["s"]), data["m"], fix, data["u"],
+                      tuple((row, text) for row, text in data["x"]))
+
+
+def _span(span: Span) -> list[int]:
+    return [span.start.row, span.start.col, span.end.row, span.end.col]
+
+
+def _unspan(values: list[int]) -> Span:
+    return Span(Pos(values[0], values[1]), Pos(values[2], values[3]))
+
+
+def write_atomic(path: Path, text: str, encoding: str) -> str:
     """Replace `path`'s content all at once: a temporary file in the same folder, renamed over
-    the original (a symlink keeps pointing at its target, which gets the new content)."""
+    the original (a symlink keeps pointing at its target, which gets the new content). Returns
+    the digest of what was written."""
     target = Path(os.path.realpath(path))
     data = text.encode(encoding)
     mode = target.stat().st_mode
@@ -218,3 +272,4 @@ def write_atomic(path: Path, text: str, encoding: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return hashlib.sha256(data).hexdigest()

@@ -8,8 +8,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pathspec import GitIgnoreSpec
+if TYPE_CHECKING:
+    from pathspec import GitIgnoreSpec
+
 
 DEFAULT_EXCLUDE = (
     ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".mypy_cache", ".nox",
@@ -90,7 +93,11 @@ def _read_gitignore(path: Path) -> GitIgnoreSpec | None:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    return GitIgnoreSpec.from_lines(lines) if lines else None
+    if not lines:
+        return None
+    from pathspec import GitIgnoreSpec  # only when a .gitignore exists (50 ms to import)
+
+    return GitIgnoreSpec.from_lines(lines)
 
 
 def _git_root(start: Path) -> Path | None:

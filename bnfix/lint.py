@@ -3,22 +3,24 @@ when the tree is large), write fixes atomically, report, and choose the exit cod
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from bnfix.cache import Cache, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
 from bnfix.files import Candidate, discover
+from bnfix.ir import Applicability
 from bnfix.report import formats
-from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook
+from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook, rules_root
 
 PARALLEL_THRESHOLD = 64  # below this many files one process is faster than starting workers
 CHUNK = 16
@@ -42,6 +44,7 @@ class LintOptions:
     force_exclude: bool = False
     respect_gitignore: bool | None = None
     progress: bool | None = None  # None = when stderr is a terminal
+    cache: bool = True  # read and write .bnfix_cache/
 
 
 class UsageError(Exception):
@@ -83,13 +86,18 @@ _WORKER: Engine | None = None
 
 
 def _init_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]]) -> None:
+    """A worker: the parent handles Ctrl-C and SIGTERM (and stops the workers itself)."""
     global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER = Engine(load_rulebook(), enabled, targets)
 
 
-def _run_chunk(items: list[tuple[str, frozenset[str]]], fix: bool, unsafe: bool) -> list[FileResult]:
+def _run_chunk(items: list[tuple[str, frozenset[str], str | None]], fix: bool,
+               unsafe: bool) -> list[FileResult]:
     assert _WORKER is not None
-    return [_WORKER.run_file(Path(p), fix=fix, unsafe=unsafe, ignored=ign) for p, ign in items]
+    return [_WORKER.run_file(Path(p), fix=fix, unsafe=unsafe, ignored=ign, known=known)
+            for p, ign, known in items]
 
 
 def default_jobs() -> int:
@@ -99,29 +107,118 @@ def default_jobs() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+@dataclass
+class _Task:
+    path: Path
+    ignored: frozenset[str]
+    known: str | None = None  # the cached content digest: skip analysis if it still matches
+    hit: list[Diagnostic] | None = None  # cached findings, valid without reading the file
+
+
+def _has_fixes(diagnostics: list[Diagnostic], unsafe: bool) -> bool:
+    return any(d.fixable and (unsafe or d.fix.applicability is Applicability.SAFE)  # type: ignore[union-attr]
+               for d in diagnostics)
+
+
+def _task(candidate: Candidate, settings: Settings, book: RuleBook, cache: Cache | None,
+          fix: bool, unsafe: bool) -> _Task:
+    ignored = settings.ignored_for(candidate.path, book)
+    task = _Task(candidate.path, ignored)
+    if cache is None:
+        return task
+    entry, fresh = cache.lookup(candidate.path, ignored)
+    if entry is None:
+        return task
+    cached = Cache.diagnostics(entry, str(candidate.path))
+    if fix and _has_fixes(cached, unsafe):
+        return task  # there is something to fix: run it
+    if fresh:
+        task.hit = cached
+    else:
+        task.known = entry.digest
+    return task
+
+
 def run_files(engine: Engine, settings: Settings, candidates: Iterable[Candidate], *, fix: bool,
-              unsafe: bool, jobs: int | None) -> Iterator[FileResult]:
-    """FileResults in discovery order, computed in `jobs` processes for large trees."""
-    book = engine.book
-    items = ((str(c.path), settings.ignored_for(c.path, book)) for c in candidates)
-    head = list(itertools.islice(items, PARALLEL_THRESHOLD))
+              unsafe: bool, jobs: int | None, cache: Cache | None = None) -> Iterator[FileResult]:
+    """FileResults for the candidates: cached ones first-hand, the rest analysed, in `jobs`
+    processes when there are many."""
+    tasks = (_task(c, settings, engine.book, cache, fix, unsafe) for c in candidates)
+    head: list[_Task] = []
+    for task in tasks:  # yield cache hits; gather enough misses to decide on workers
+        if task.hit is not None:
+            yield _cached(task, cache)
+            continue
+        head.append(task)
+        if len(head) >= PARALLEL_THRESHOLD:
+            break
     workers = default_jobs() if jobs is None else jobs
     if workers <= 1 or len(head) < PARALLEL_THRESHOLD:
-        for path, ignored in itertools.chain(head, items):
-            yield engine.run_file(Path(path), fix=fix, unsafe=unsafe, ignored=ignored)
+        for task in itertools.chain(head, tasks):
+            if task.hit is not None:
+                yield _cached(task, cache)
+            else:
+                result = engine.run_file(task.path, fix=fix, unsafe=unsafe, ignored=task.ignored,
+                                         known=task.known)
+                yield _complete(result, task, cache)
         return
+    import multiprocessing  # only for large trees: 20 ms to import
+
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
-    chunks = _chunks(itertools.chain(head, items), CHUNK)
-    with futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                     initargs=(engine.enabled, engine.targets)) as pool:
-        pending: list[futures.Future[list[FileResult]]] = []
-        for chunk in chunks:
-            pending.append(pool.submit(_run_chunk, chunk, fix, unsafe))
-            while len(pending) >= workers * 4:  # bounded: memory stays flat on huge trees
-                yield from pending.pop(0).result()
-        for future in pending:
-            yield from future.result()
+    pool = multiprocessing.get_context(method).Pool(
+        workers, initializer=_init_worker, initargs=(engine.enabled, engine.targets))
+    queued: list[list[_Task]] = []
+
+    def chunks() -> Iterator[list[tuple[str, frozenset[str], str | None]]]:
+        chunk: list[_Task] = []
+        for task in itertools.chain(head, tasks):
+            if task.hit is not None:
+                hits.append(task)
+                continue
+            chunk.append(task)
+            if len(chunk) >= CHUNK:
+                queued.append(chunk)
+                yield [(str(t.path), t.ignored, t.known) for t in chunk]
+                chunk = []
+        if chunk:
+            queued.append(chunk)
+            yield [(str(t.path), t.ignored, t.known) for t in chunk]
+
+    hits: list[_Task] = []
+    finished = False
+    try:
+        for results in pool.imap(_run_chunk_args, ((c, fix, unsafe) for c in chunks())):
+            while hits:
+                yield _cached(hits.pop(0), cache)
+            yield from map(lambda r, t: _complete(r, t, cache), results, queued.pop(0))
+        while hits:
+            yield _cached(hits.pop(0), cache)
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:  # interrupted: stop the workers now (they never write files)
+            pool.terminate()
+        pool.join()
+
+
+def _run_chunk_args(args: tuple[list[tuple[str, frozenset[str], str | None]], bool, bool]
+                    ) -> list[FileResult]:
+    return _run_chunk(*args)
+
+
+def _cached(task: _Task, cache: Cache | None) -> FileResult:
+    return FileResult(str(task.path), list(task.hit or ()), ignored=task.ignored, unchanged=True)
+
+
+def _complete(result: FileResult, task: _Task, cache: Cache | None) -> FileResult:
+    """A worker's result with the cached findings filled in when the content was unchanged."""
+    result.ignored = task.ignored
+    if result.unchanged and cache is not None:
+        entry, _ = cache.lookup(task.path, task.ignored)
+        if entry is not None:
+            result.diagnostics = Cache.diagnostics(entry, str(task.path))
+    return result
 
 
 def _chunks(items: Iterable, size: int) -> Iterator[list]:
@@ -167,30 +264,46 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     progress = _Progress(stderr, show)
     outcome = Outcome([], [], 0, [], [])
     fixing = options.fix or options.diff
-    for result in run_files(engine, settings, candidates, fix=fixing,
-                            unsafe=options.unsafe_fixes, jobs=options.jobs):
-        progress.tick()
-        outcome.errors.extend(result.notes)
-        if result.changed:
-            if options.diff:
-                outcome.changed.append(result)
-            else:
-                try:
-                    write_atomic(Path(result.path), result.new_text or "", result.encoding)
-                except (OSError, UnicodeEncodeError) as exc:
-                    outcome.errors.append(f"{result.path}: cannot write the fixed file ({exc}); "
-                                          "it is unchanged")
-                    result.diagnostics = result.fixed + result.diagnostics
-                    result.fixed = []
-                else:
+    cache = None
+    if options.cache:
+        key = cache_key(rules_digest(rules_root()), engine.enabled, engine.targets)
+        cache = Cache(settings.root, key)
+    stream = run_files(engine, settings, candidates, fix=fixing, unsafe=options.unsafe_fixes,
+                       jobs=options.jobs, cache=cache)
+    with contextlib.closing(stream):  # closed at once on Ctrl-C: the workers stop with it
+        for result in stream:
+            progress.tick()
+            outcome.errors.extend(result.notes)
+            written = None
+            if result.changed:
+                if options.diff:
                     outcome.changed.append(result)
-        outcome.fixed += len(result.fixed)
-        outcome.remaining.extend(result.diagnostics)
-        if result.diagnostics or result.changed:
-            # keep what reporting needs, not every file's text
-            result.original = result.original if options.diff else None
-            outcome.results.append(result)
+                else:
+                    try:
+                        written = write_atomic(Path(result.path), result.new_text or "",
+                                               result.encoding)
+                    except (OSError, UnicodeEncodeError) as exc:
+                        outcome.errors.append(f"{result.path}: cannot write the fixed file ({exc}); "
+                                              "it is unchanged")
+                        result.diagnostics = result.fixed + result.diagnostics
+                        result.fixed = []
+                    else:
+                        outcome.changed.append(result)
+            if cache is not None and not result.unchanged and not options.diff:
+                content = written if written is not None else result.digest
+                if content is not None and not any(d.code == "BN901" for d in result.diagnostics):
+                    cache.store(Path(result.path), content, result.ignored, result.diagnostics)
+            outcome.fixed += len(result.fixed)
+            outcome.remaining.extend(result.diagnostics)
+            if result.diagnostics or result.changed:
+                # keep what reporting needs, not every file's text
+                result.original = result.original if options.diff else None
+                result.new_text = result.new_text if options.diff else None
+                outcome.results.append(result)
     progress.done()
+    if cache is not None:
+        cache.save()
+    outcome.remaining.sort(key=lambda d: (d.path, d.span.start, d.code))
     return outcome
 
 

@@ -161,11 +161,19 @@ class Catalogue:
 
     apis: dict[str, ApiSpec] = field(default_factory=dict)  # by normalized qualified name
     aliases: list[tuple[str, str]] = field(default_factory=list)  # longest prefix first
+    _normalized: dict[str, str] = field(default_factory=dict, repr=False)
     training: dict[str, Any] = field(default_factory=dict)  # training-API vocabulary tables
     layers: dict[str, LayerSpec] = field(default_factory=dict)  # bias-carrying layers (BN104)
 
     def normalize(self, qualname: str) -> str:
-        """Rewrite known alias prefixes (`tensorflow.compat.v1.` -> `tensorflow.`) to fixpoint."""
+        """Rewrite known alias prefixes (`tensorflow.compat.v1.` -> `tensorflow.`) to fixpoint
+        (memoized: the same few names recur in every file)."""
+        known = self._normalized.get(qualname)
+        if known is None:
+            known = self._normalized[qualname] = self._normalize(qualname)
+        return known
+
+    def _normalize(self, qualname: str) -> str:
         for _ in range(4):
             for prefix, target in self.aliases:
                 if qualname.startswith(prefix):
@@ -215,6 +223,11 @@ class RuleBook:
                 raise RuleBookError(f"unknown rule selector `{sel}` (see `bnfix rules`)")
             out |= matched
         return out
+
+
+def rules_root() -> Path:
+    """Where the installed rule book lives."""
+    return _rules_root()
 
 
 def _rules_root() -> Path:

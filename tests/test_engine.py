@@ -145,3 +145,15 @@ def test_select_and_ignore():
     assert [d.code for d in check_source(SEED, "m.py", select=["BN00"], ignore=["BN001"])] == \
         ["BN004", "BN003"]
     assert [d.code for d in check_source(SEED, "m.py", select=["double-ema-of-bn-stats"])] == ["BN004"]
+
+
+def test_final_libcst_check_rejects_the_whole_file(monkeypatch):
+    import bnfix.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "final_check", lambda text: "LibCST: simulated refusal")
+    engine = Engine(load_rulebook(), frozenset({"BN004"}))
+    source = "import tensorflow as tf\nema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n"
+    result = engine.fix_text(source, "m.py", unsafe=True)
+    assert result.new_text is None and result.fixed == []
+    assert [d.code for d in result.diagnostics] == ["BN004"]
+    assert "LibCST cannot round-trip" in result.notes[0]

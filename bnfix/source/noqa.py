@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from bnfix.source.text import SourceText
 
@@ -29,6 +30,10 @@ class Suppressions:
     file_codes: frozenset[str]
     text: SourceText
 
+    @cached_property
+    def any_noqa(self) -> bool:
+        return "noqa" in self.text.text
+
     @staticmethod
     def scan(text: SourceText) -> Suppressions:
         codes: set[str] = set()
@@ -40,7 +45,7 @@ class Suppressions:
     def suppressed(self, code: str, first_row: int, last_row: int) -> bool:
         if "*" in self.file_codes or code in self.file_codes:
             return True
-        if "noqa" not in self.text.text:
+        if not self.any_noqa:
             return False
         for row in {first_row, last_row}:
             comment = self.text.comments.get(row)

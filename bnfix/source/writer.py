@@ -2,13 +2,16 @@
 
 Rules emit edits against the IR's spans; structural edits (wrap rows in a block) are lowered
 here, with the file's own indentation and line endings. Application merges the fixes whose
-edits do not overlap, in one pass, and re-parses the result with CPython and LibCST: a fix
-that would not parse, or that LibCST cannot round-trip, is dropped and reported, never written.
+edits do not overlap, in one pass, and re-parses the result with CPython: a fix that would not
+parse is dropped and reported, never written. The final text of a file must also be parsed
+and reproduced byte for byte by LibCST before it is written (`final_check`).
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
+import itertools
 from dataclasses import dataclass, field, replace
 
 from bnfix.ir import (
@@ -107,21 +110,49 @@ def _overlaps(a: Edit, b: Edit) -> bool:
     return a.span.start < b.span.end and b.span.start < a.span.end
 
 
+class _Taken:
+    """Accepted edits kept sorted by start, so a new edit is compared with its neighbours only
+    (a file with thousands of fixes stays linear-ish, not quadratic)."""
+
+    def __init__(self) -> None:
+        self.starts: list[Pos] = []
+        self.edits: list[Edit] = []
+
+    def clashes(self, edit: Edit) -> bool:
+        i = bisect.bisect_left(self.starts, edit.span.start)
+        return any(_overlaps(edit, self.edits[j]) for j in range(max(0, i - 1), min(len(self.edits), i + 2)))
+
+    def add(self, edit: Edit) -> None:
+        i = bisect.bisect_left(self.starts, edit.span.start)
+        self.starts.insert(i, edit.span.start)
+        self.edits.insert(i, edit)
+
+
 def _render(text: SourceText, edits: list[Edit]) -> str:
-    out = text.text
-    for edit in sorted(edits, key=lambda e: (e.span.start, e.span.end), reverse=True):
+    """The text with `edits` (non-overlapping) applied, in one pass."""
+    pieces: list[str] = []
+    at = 0
+    for edit in sorted(edits, key=lambda e: (e.span.start, e.span.end)):
         start, end = text.offset(edit.span.start), text.offset(edit.span.end)
-        out = out[:start] + edit.content + out[end:]
-    return out
+        pieces.append(text.text[at:start])
+        pieces.append(edit.content)
+        at = end
+    pieces.append(text.text[at:])
+    return "".join(pieces)
 
 
 def parse_error(source: str) -> str | None:
-    """Why `source` would not be accepted (None when CPython and LibCST both parse it and
-    LibCST reproduces it byte for byte)."""
+    """Why CPython would not accept `source` (None when it parses). Checked after every pass."""
     try:
         ast.parse(source)
     except (SyntaxError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def final_check(source: str) -> str | None:
+    """Why LibCST would not accept the final fixed text: it must parse it and reproduce it byte
+    for byte (checked once per file, after the last pass)."""
     import libcst  # imported only when a fix is applied: it costs ~0.3 s to import
 
     try:
@@ -141,12 +172,16 @@ def apply_fixes(text: SourceText, fixes: list[Fix]) -> Applied:
         (e.span.start for e in fixes[i].edits if isinstance(e, Edit)), default=Pos(0, 0)))
     accepted: list[int] = []
     taken: list[Edit] = []
+    index = _Taken()
     for i in order:
         edits = plain[i]
-        if not edits or any(_overlaps(e, t) for e in edits for t in taken):
+        if not edits or any(index.clashes(e) for e in edits) or any(
+                _overlaps(a, b) for a, b in itertools.combinations(edits, 2)):
             continue
         accepted.append(i)
         taken.extend(edits)
+        for edit in edits:
+            index.add(edit)
     result = Applied(text.text)
     if not accepted:
         return result

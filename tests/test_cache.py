@@ -1,0 +1,75 @@
+"""The findings cache: unchanged files are not analysed again, any change of content, rules or
+configuration is, and the cache can neither run code nor break a run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from conftest import run_bnfix
+
+from bnfix.lint import LintOptions, lint_paths, prepare
+
+BUGGY = "import torch.nn as nn\nbn = nn.BatchNorm2d(8, momentum=0.9)\n"
+CLEAN = "import torch.nn as nn\nbn = nn.BatchNorm2d(8, momentum=0.1)\n"
+
+
+def _lint(root: Path, **options):
+    opts = LintOptions(paths=[str(root)], progress=False, jobs=1, **options)
+    _, settings, engine = prepare(opts, root)
+    import io
+    return lint_paths(opts, engine, settings, io.StringIO())
+
+
+def test_second_run_is_served_from_the_cache(tree):
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY, "b.py": CLEAN})
+    first = _lint(root)
+    assert [d.code for d in first.remaining] == ["BN008"]
+    assert [r.unchanged for r in first.results] == [False]
+    assert (root / ".bnfix_cache" / ".gitignore").read_text().strip().endswith("*")
+    # same size and mtime, different content: trusted without reading (as ruff does)
+    stat = (root / "a.py").stat()
+    (root / "a.py").write_text(BUGGY.replace("0.9", "0.1"))
+    os.utime(root / "a.py", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert [d.code for d in _lint(root).remaining] == ["BN008"]
+    assert _lint(root, cache=False).remaining == []
+
+
+def test_content_hash_reuses_findings_after_a_touch(tree):
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
+    _lint(root)
+    os.utime(root / "a.py", ns=(1, 1))  # a checkout touched it; the content is the same
+    second = _lint(root)
+    assert [d.code for d in second.remaining] == ["BN008"]
+    assert [r.unchanged for r in second.results] == [True], "found by content hash, not analysed"
+    (root / "a.py").write_text(CLEAN)  # a real change is analysed
+    assert _lint(root).remaining == []
+
+
+def test_configuration_and_fixes_invalidate(tree):
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
+    assert len(_lint(root).remaining) == 1
+    assert _lint(root, select=["BN1"]).remaining == []  # another selection: another cache key
+    run = run_bnfix("check", "--fix", "--unsafe-fixes", ".", cwd=root)
+    assert run.returncode == 0, run.stdout
+    assert "1 - 0.9" in (root / "a.py").read_text()
+    assert run_bnfix("check", ".", cwd=root).returncode == 0  # the fixed file is cached clean
+
+
+def test_a_corrupt_or_hostile_cache_is_ignored(tree):
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
+    _lint(root)
+    (cache_file,) = (root / ".bnfix_cache").glob("*.json")
+    data = json.loads(cache_file.read_text())
+    assert data["format"] == 1 and set(data["files"]) == {os.path.realpath(root / "a.py")}
+    cache_file.write_bytes(b"\x80\x04\x95 not json: a pickle would run code here")
+    assert [d.code for d in _lint(root).remaining] == ["BN008"]
+    cache_file.write_text('{"format": 1, "files": {"x": {"bogus": 1}}}')
+    assert [d.code for d in _lint(root).remaining] == ["BN008"]
+
+
+def test_no_cache_flag_writes_nothing(tree):
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
+    assert run_bnfix("check", "--no-cache", ".", cwd=root).returncode == 1
+    assert not (root / ".bnfix_cache").exists()
