@@ -177,5 +177,5 @@ class Terminated(BaseException):
     """SIGTERM, raised like KeyboardInterrupt so that a write in progress is rolled back."""
 
 
-def _terminated(signum: int, frame: object) -> None:
+def _terminated(_signum: int, _frame: object) -> None:
     raise Terminated()

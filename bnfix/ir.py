@@ -359,11 +359,7 @@ class ApiRef:
     momentum_convention: str  # tf | torch | none
     synced: bool
     defaults: dict[str, object]
-    names: dict[str, str]  # canonical -> name in this API (e.g. training -> is_training)
     migration: Migration | None = None  # set for deprecated APIs
-
-    def name_of(self, canonical: str) -> str:
-        return self.names.get(canonical, canonical)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -221,12 +221,6 @@ def _complete(result: FileResult, task: _Task, cache: Cache | None) -> FileResul
     return result
 
 
-def _chunks(items: Iterable, size: int) -> Iterator[list]:
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
-
 class _Progress:
     def __init__(self, stream: TextIO, enabled: bool) -> None:
         self.stream, self.enabled, self.count, self.last = stream, enabled, 0, 0.0

@@ -140,7 +140,6 @@ class ApiSpec:
             momentum_convention=self.momentum_convention,
             synced=self.synced,
             defaults=dict(self.defaults),
-            names={canon: name for name, canon in self.canonical.items()},
             migration=self.migration,
         )
 

@@ -12,11 +12,6 @@ class ImportTable:
     def __init__(self) -> None:
         self._names: dict[str, str] = {}
 
-    def copy(self) -> ImportTable:
-        table = ImportTable()
-        table._names = dict(self._names)
-        return table
-
     def add(self, node: ast.Import | ast.ImportFrom) -> None:
         """Record the bindings of one import statement (later bindings win, as at run time)."""
         if isinstance(node, ast.Import):
