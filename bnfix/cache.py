@@ -71,7 +71,7 @@ class Cache:
 
     @staticmethod
     def name(path: Path) -> str:
-        return os.path.realpath(path)
+        return os.path.abspath(path)  # not realpath: resolving links costs a stat per component
 
     def lookup(self, path: Path, ignored: frozenset[str]) -> tuple[Entry | None, bool]:
         """The entry for `path` and whether its size and mtime still match (then the file need

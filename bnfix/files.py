@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ DEFAULT_EXCLUDE = (
     "site-packages", "venv",
 )
 PYTHON_SUFFIXES = (".py", ".pyi")
+_WILDCARD = re.compile(r"[*?\[]")
 
 
 @dataclass(frozen=True)
@@ -36,19 +38,24 @@ class _Exclude:
 
     def __init__(self, patterns: list[str], root: Path) -> None:
         self.root = root
-        self.names = [p.rstrip("/") for p in patterns if "/" not in p.rstrip("/")]
-        self.paths = [p.strip("/") for p in patterns if "/" in p.rstrip("/")]
+        names = [p.rstrip("/") for p in patterns if "/" not in p.rstrip("/")]
+        self.literal = frozenset(n for n in names if not _WILDCARD.search(n))
+        globs = [fnmatch.translate(n) for n in names if _WILDCARD.search(n)]
+        self.name_glob = re.compile("|".join(globs)) if globs else None
+        paths = [fnmatch.translate(p.strip("/")) for p in patterns if "/" in p.rstrip("/")]
+        self.path_glob = re.compile("|".join(paths)) if paths else None
 
     def __call__(self, path: Path) -> bool:
-        if any(fnmatch.fnmatchcase(path.name, p) for p in self.names):
+        name = path.name
+        if name in self.literal or (self.name_glob is not None and self.name_glob.match(name)):
             return True
-        if not self.paths:
+        if self.path_glob is None:
             return False
         try:
             rel = path.relative_to(self.root).as_posix()
         except ValueError:
             return False
-        return any(fnmatch.fnmatchcase(rel, p) for p in self.paths)
+        return self.path_glob.match(rel) is not None
 
     def covers(self, path: Path) -> bool:
         """`path` or one of its folders below the root is excluded (for --force-exclude)."""
