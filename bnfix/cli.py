@@ -46,6 +46,9 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
                         help="no progress line on a terminal")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="do not read or write .bnfix_cache/")
+    parser.add_argument("--report-all-syntax-errors", action="store_true",
+                        help="parse every file and report any syntax error as BN900 (by default "
+                             "only files a rule reads are parsed)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +94,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         respect_gitignore=args.respect_gitignore,
         progress=args.progress,
         cache=args.cache,
+        all_syntax_errors=args.report_all_syntax_errors,
     )
     return run(options)
 

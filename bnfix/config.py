@@ -12,7 +12,7 @@ from bnfix.rulebook import RuleBook, RuleBookError, tomllib
 
 KNOWN_KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
-    "respect-gitignore", "target-tensorflow",
+    "respect-gitignore", "target-tensorflow", "report-all-syntax-errors",
 }
 # The TensorFlow release code is assumed to run on unless `target-tensorflow` says otherwise:
 # the newest one bnfix's rules are checked against.
@@ -35,6 +35,7 @@ class Settings:
     extend_exclude: list[str] = field(default_factory=list)
     respect_gitignore: bool = True
     target_tensorflow: tuple[int, ...] = CURRENT_TENSORFLOW
+    all_syntax_errors: bool = False
 
     @property
     def targets(self) -> dict[str, tuple[int, ...]]:
@@ -121,8 +122,10 @@ def load_settings(config: Path | None, start: Path) -> Settings:
     target = table.get("target-tensorflow")
     target_tf = CURRENT_TENSORFLOW if target is None else parse_version(str(target), path)
     respect = table.get("respect-gitignore", True)
-    if not isinstance(respect, bool):
-        raise ConfigError(f"{path}: [tool.bnfix] `respect-gitignore` must be true or false")
+    all_syntax = table.get("report-all-syntax-errors", False)
+    for key, flag in (("respect-gitignore", respect), ("report-all-syntax-errors", all_syntax)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{path}: [tool.bnfix] `{key}` must be true or false")
     return Settings(
         root=path.parent,
         source=path,
@@ -134,6 +137,7 @@ def load_settings(config: Path | None, start: Path) -> Settings:
         extend_exclude=_list(table, "extend-exclude", path) or [],
         respect_gitignore=respect,
         target_tensorflow=target_tf,
+        all_syntax_errors=all_syntax,
     )
 
 

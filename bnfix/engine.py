@@ -87,9 +87,12 @@ def _snippet(source: SourceText, span: Span) -> tuple[tuple[int, str], ...]:
 
 class Engine:
     def __init__(self, book: RuleBook, enabled: frozenset[str],
-                 targets: dict[str, tuple[int, ...]] | None = None) -> None:
+                 targets: dict[str, tuple[int, ...]] | None = None,
+                 all_syntax_errors: bool = False) -> None:
         self.book = book
         self.enabled = enabled
+        # parse every file for BN900, also those no rule needs to look at (slower)
+        self.all_syntax_errors = all_syntax_errors
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
         self.triggers: dict[str, tuple[str, ...]] = {}
@@ -123,12 +126,14 @@ class Engine:
         if is_test_module(path):
             ignored = ignored | self.not_in_tests
         codes = self._relevant(text, ignored)
-        if not codes:
+        if not codes and not self.all_syntax_errors:
             return []
         try:
             tree = parse(text, path)
         except SourceError as exc:
             return self._error(path, exc, ignored)
+        if not codes:
+            return []
         from bnfix.source import lift as lifting
         from bnfix.source.noqa import Suppressions
 

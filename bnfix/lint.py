@@ -45,6 +45,7 @@ class LintOptions:
     respect_gitignore: bool | None = None
     progress: bool | None = None  # None = when stderr is a terminal
     cache: bool = True  # read and write .bnfix_cache/
+    all_syntax_errors: bool = False  # parse every file for BN900, not only those rules read
 
 
 class UsageError(Exception):
@@ -77,7 +78,8 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
         enabled = settings.enabled(book)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    return book, settings, Engine(book, enabled, settings.targets)
+    return book, settings, Engine(book, enabled, settings.targets,
+                                  options.all_syntax_errors or settings.all_syntax_errors)
 
 
 # -- running over files -------------------------------------------------------------------
@@ -85,12 +87,13 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
 _WORKER: Engine | None = None
 
 
-def _init_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]]) -> None:
+def _init_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]],
+                 all_syntax: bool) -> None:
     """A worker: the parent handles Ctrl-C and SIGTERM (and stops the workers itself)."""
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _WORKER = Engine(load_rulebook(), enabled, targets)
+    _WORKER = Engine(load_rulebook(), enabled, targets, all_syntax)
 
 
 def _run_chunk(items: list[tuple[str, frozenset[str], str | None]], fix: bool,
@@ -166,7 +169,8 @@ def run_files(engine: Engine, settings: Settings, candidates: Iterable[Candidate
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     pool = multiprocessing.get_context(method).Pool(
-        workers, initializer=_init_worker, initargs=(engine.enabled, engine.targets))
+        workers, initializer=_init_worker,
+        initargs=(engine.enabled, engine.targets, engine.all_syntax_errors))
     queued: list[list[_Task]] = []
 
     def chunks() -> Iterator[list[tuple[str, frozenset[str], str | None]]]:
@@ -260,7 +264,8 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     fixing = options.fix or options.diff
     cache = None
     if options.cache:
-        key = cache_key(rules_digest(rules_root()), engine.enabled, engine.targets)
+        key = cache_key(rules_digest(rules_root()), engine.enabled,
+                        {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),)})
         cache = Cache(settings.root, key)
     stream = run_files(engine, settings, candidates, fix=fixing, unsafe=options.unsafe_fixes,
                        jobs=options.jobs, cache=cache)

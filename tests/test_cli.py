@@ -295,3 +295,13 @@ def test_progress_line_on_a_terminal(tree):
     code = run(LintOptions(paths=[str(root)], progress=True, jobs=1), stdout=out, stderr=err)
     assert code == 0
     assert "\rbnfix: 1 files checked" in err.getvalue() and err.getvalue().endswith("\r\033[K")
+
+
+def test_report_all_syntax_errors(tree):
+    root = tree({"broken.py": "def f(:\n    pass\n", "fine.py": "x = 1\n"})
+    assert run_bnfix("check", ".", cwd=root).returncode == 0  # nothing a rule reads
+    run = run_bnfix("check", "--report-all-syntax-errors", "--output-format", "concise", ".",
+                    cwd=root)
+    assert run.returncode == 1 and run.stdout.startswith("broken.py:1:7: BN900 syntax error")
+    (root / "pyproject.toml").write_text("[tool.bnfix]\nreport-all-syntax-errors = true\n")
+    assert run_bnfix("check", ".", cwd=root).returncode == 1

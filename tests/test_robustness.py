@@ -52,7 +52,8 @@ def test_whole_installed_tree_checks_and_fixes_cleanly(package: str, tmp_path: P
     shutil.copytree(source, copy, symlinks=True,
                     ignore=lambda d, names: [n for n in names if not n.endswith(".py")
                                              and not (Path(d) / n).is_dir()])
-    check = run_bnfix("check", "--no-cache", "--output-format", "concise", str(copy), timeout=900)
+    check = run_bnfix("check", "--no-cache", "--report-all-syntax-errors", "--output-format",
+                      "concise", str(copy), timeout=900)
     assert check.returncode in (0, 1), check.stderr[-2000:]
     assert "Traceback" not in check.stderr
     for line in check.stdout.splitlines():
@@ -60,6 +61,8 @@ def test_whole_installed_tree_checks_and_fixes_cleanly(package: str, tmp_path: P
     flagged = {line.split(":", 1)[0] for line in check.stdout.splitlines() if LINE.match(line)}
     unparsable = {line.split(":", 1)[0] for line in check.stdout.splitlines()
                   if re.search(r": BN90[01] ", line)}
+    really = {str(p) for p in copy.rglob("*.py") if p.is_file() and not _parses(p)}
+    assert unparsable == really, "every unparsable file is one BN900/BN901 line, and only those"
     before = _hashes(copy)
     fix = run_bnfix("fix", "--unsafe-fixes", "--no-cache", str(copy), timeout=900)
     assert "Traceback" not in fix.stderr
