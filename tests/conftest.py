@@ -58,3 +58,23 @@ def has_tf1_layers() -> bool:
 
     return importlib.util.find_spec("tensorflow") is not None and \
         importlib.util.find_spec("tf_keras") is not None
+
+
+def assert_golden_check(folder: Path, programs) -> None:
+    """`bnfix check` on a fixture's programs prints exactly its expected_check.txt."""
+    rel = folder.relative_to(REPO).as_posix()
+    run = run_bnfix("check", "--output-format", "concise", *[f"{rel}/{p}" for p in programs],
+                    cwd=REPO)
+    assert run.returncode == 1
+    assert run.stdout == (folder / "expected_check.txt").read_text(encoding="utf-8")
+
+
+def fix_into(folder: Path, programs, target: Path) -> Run:
+    """Copy a fixture's programs to `target`, run `bnfix fix --unsafe-fixes` there, and check
+    the result equals the fixture's fixed/ folder."""
+    for name in programs:
+        (target / name).write_bytes((folder / name).read_bytes())
+    run = run_bnfix("fix", "--unsafe-fixes", "--output-format", "concise", ".", cwd=target)
+    for name in programs:
+        assert (target / name).read_text() == (folder / "fixed" / name).read_text(), name
+    return run

@@ -5,14 +5,13 @@ where the originals cannot, and the Keras 3 graph-mode claim of BN011 is checked
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO, has_tf1_layers, run_bnfix
+from conftest import FIXTURES, assert_golden_check, fix_into, has_tf1_layers, run_bnfix
 
 PORTS = FIXTURES / "ports"
 PROGRAMS = sorted(p.name for p in PORTS.glob("*.py"))
@@ -20,19 +19,12 @@ TF_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_check_output_is_the_golden_output():
-    run = run_bnfix("check", "--output-format", "concise",
-                    *[f"fixtures/ports/{name}" for name in PROGRAMS], cwd=REPO)
-    assert run.returncode == 1
-    assert run.stdout == (PORTS / "expected_check.txt").read_text(encoding="utf-8")
+    assert_golden_check(PORTS, PROGRAMS)
 
 
 def test_fix_produces_the_golden_programs_and_is_idempotent(tmp_path: Path):
-    for name in PROGRAMS:
-        shutil.copy(PORTS / name, tmp_path / name)
-    run = run_bnfix("fix", "--unsafe-fixes", "--output-format", "concise", ".", cwd=tmp_path)
+    run = fix_into(PORTS, PROGRAMS, tmp_path)
     assert "Found 10 errors (8 fixed, 2 remaining)." in run.stdout
-    for name in PROGRAMS:
-        assert (tmp_path / name).read_text() == (PORTS / "fixed" / name).read_text(), name
     before = {name: (tmp_path / name).read_bytes() for name in PROGRAMS}
     again = run_bnfix("fix", "--unsafe-fixes", "--output-format", "concise", ".", cwd=tmp_path)
     assert {name: (tmp_path / name).read_bytes() for name in PROGRAMS} == before

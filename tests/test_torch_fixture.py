@@ -6,34 +6,26 @@ fixed programs they do not."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO, run_bnfix
+from conftest import FIXTURES, assert_golden_check, fix_into, run_bnfix
 
 TORCH = FIXTURES / "torch_training"
 PROGRAMS = ("ddp_train.py", "seg_trainer.py")
 
 
 def test_check_output_is_the_golden_output():
-    run = run_bnfix("check", "--output-format", "concise",
-                    *[f"fixtures/torch_training/{name}" for name in PROGRAMS], cwd=REPO)
-    assert run.returncode == 1
-    assert run.stdout == (TORCH / "expected_check.txt").read_text(encoding="utf-8")
+    assert_golden_check(TORCH, PROGRAMS)
 
 
 def test_fix_produces_the_golden_programs(tmp_path: Path):
-    for name in PROGRAMS:
-        shutil.copy(TORCH / name, tmp_path / name)
-    run = run_bnfix("fix", "--unsafe-fixes", ".", cwd=tmp_path)
+    run = fix_into(TORCH, PROGRAMS, tmp_path)
     # BN105's fix makes freeze_bn() a real BN freeze, which BN102 then keeps alive across
     # train(): five fixes for four findings
     assert "Found 5 errors (5 fixed, 0 remaining)." in run.stdout, run.stdout
-    for name in PROGRAMS:
-        assert (tmp_path / name).read_text() == (TORCH / "fixed" / name).read_text(), name
     again = run_bnfix("fix", "--unsafe-fixes", ".", cwd=tmp_path)
     assert again.returncode == 0 and "All checks passed!" in again.stdout
 
