@@ -195,10 +195,6 @@ def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
         yield Finding("BN002", get.call.span, message, _bn002_fix(module, get, tower))
 
 
-def _scoped_call(get: CollectionGet, scope: str) -> Edit:
-    return _add_keyword(get.call, scope)
-
-
 def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
     advice = Fix(DISPLAY, "Collect UPDATE_OPS from one tower's name scope", ())
     plan = _tower_scope(module, tower)
@@ -210,10 +206,10 @@ def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
         if (created and not _inside_block(tower, row)) or (not created and not get.row_in_loop_after_scope):
             return advice
         if get.usage == "assign":
-            edits = (*plan.edits, _scoped_call(get, plan.name))
+            edits = (*plan.edits, _add_keyword(get.call, plan.name))
             return Fix(UNSAFE, f"Collect the UPDATE_OPS of the current tower (`{plan.name}`)", edits)
         if get.usage == "accumulate" and tower.starts_at_zero and tower.loop_var:
-            scoped = _scoped_call(get, plan.name)
+            scoped = _add_keyword(get.call, plan.name)
             edits = (
                 *plan.edits,
                 scoped,
@@ -221,7 +217,7 @@ def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
             )
             return Fix(UNSAFE, "Collect the UPDATE_OPS of the first tower only", edits)
         return advice
-    edits = (*plan.edits, _scoped_call(get, plan.name))
+    edits = (*plan.edits, _add_keyword(get.call, plan.name))
     return Fix(UNSAFE, f"Collect the UPDATE_OPS of one tower (`{plan.name}`, the last built)", edits)
 
 

@@ -93,12 +93,9 @@ class SourceText:
     def comments(self) -> dict[int, str]:
         """Row -> the comment on it (tokenized once, only when a suppression check needs it)."""
         out: dict[int, str] = {}
-        try:
-            for tok in tokenize.generate_tokens(io.StringIO(self.text, newline="").readline):
-                if tok.type == tokenize.COMMENT:
-                    out[tok.start[0]] = tok.string
-        except (tokenize.TokenError, SyntaxError):
-            pass  # a file that parsed always tokenizes; a partial result is still right
+        for tok in tokenize.generate_tokens(io.StringIO(self.text, newline="").readline):
+            if tok.type == tokenize.COMMENT:
+                out[tok.start[0]] = tok.string
         return out
 
     @cached_property

@@ -70,14 +70,10 @@ def _delete_rows(op: DeleteRows, text: SourceText) -> Edit:
 
 def _try_finally(op: TryFinally, text: SourceText) -> Edit:
     indent = text.indentation(op.first_row)
-    unit = text.indent_unit
-    inside = text.rows_inside_strings
     lines = [indent + line for line in op.before] + [indent + "try:"]
-    for row in range(op.first_row, op.last_row + 1):
-        line = text.line(row)
-        lines.append(line if row in inside or not line.strip() else unit + line)
+    lines += _deeper(text, op.first_row, op.last_row)
     lines.append(indent + "finally:")
-    lines += [indent + unit + line for line in op.finally_]
+    lines += [indent + text.indent_unit + line for line in op.finally_]
     end = Pos(op.last_row, len(text.line(op.last_row)))
     return Edit(Span(Pos(op.first_row, 0), end), text.newline.join(lines))
 
@@ -86,15 +82,16 @@ def _wrap(op: WrapStatements, text: SourceText) -> Edit:
     """Replace rows first..last with a header at their indentation and the rows one level
     deeper (rows that begin inside a multi-line string keep their text)."""
     indent = text.indentation(op.first_row)
-    unit = text.indent_unit
-    inside = text.rows_inside_strings
-    nl = text.newline
-    lines = [indent + op.header]
-    for row in range(op.first_row, op.last_row + 1):
-        line = text.line(row)
-        lines.append(line if row in inside or not line.strip() else unit + line)
+    lines = [indent + op.header, *_deeper(text, op.first_row, op.last_row)]
     end = Pos(op.last_row, len(text.line(op.last_row)))
-    return Edit(Span(Pos(op.first_row, 0), end), nl.join(lines))
+    return Edit(Span(Pos(op.first_row, 0), end), text.newline.join(lines))
+
+
+def _deeper(text: SourceText, first_row: int, last_row: int) -> list[str]:
+    """Rows first..last one indentation step deeper (rows inside a string keep their text)."""
+    unit, inside = text.indent_unit, text.rows_inside_strings
+    return [line if row in inside or not line.strip() else unit + line
+            for row, line in ((r, text.line(r)) for r in range(first_row, last_row + 1))]
 
 
 @dataclass
