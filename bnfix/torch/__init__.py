@@ -1,0 +1,32 @@
+"""PyTorch runtime: a synchronized BN for any torch.distributed backend and module converters.
+
+- `SyncBatchNorm`: synced BN on gloo (CPU), NCCL (CUDA) or any backend; plain BN outside a
+  process group.
+- `convert_sync` / `revert_sync`, `freeze` / `unfreeze`: in-place, reversible conversions of every
+  BN in a module tree (exact original classes restored); `fold`: BN into the preceding
+  conv/linear for inference. Each takes `strict=` and an optional `ConversionReport` to fill.
+"""
+
+from bnfix.torch.convert import convert_sync, freeze, revert_sync, unfreeze
+from bnfix.torch.distributed import default_backend
+from bnfix.torch.fold import fold
+from bnfix.torch.frozen import FrozenBatchNorm
+from bnfix.torch.functional import SyncBatchNormFunction, sync_batch_norm
+from bnfix.torch.report import ConversionRecord, ConversionRefused, ConversionReport
+from bnfix.torch.sync_bn import SyncBatchNorm
+
+__all__ = [
+    "ConversionRecord",
+    "ConversionRefused",
+    "ConversionReport",
+    "FrozenBatchNorm",
+    "SyncBatchNorm",
+    "SyncBatchNormFunction",
+    "convert_sync",
+    "default_backend",
+    "fold",
+    "freeze",
+    "revert_sync",
+    "sync_batch_norm",
+    "unfreeze",
+]
