@@ -360,6 +360,7 @@ class ApiRef:
     synced: bool
     defaults: dict[str, object]
     migration: Migration | None = None  # set for deprecated APIs
+    synced_counterpart: str | None = None  # what synchronizes it across devices (BN006)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,6 +401,10 @@ class TowerLoop:
     device_block: Block | None
     device_item: WithItem | None
     body_last_row: int
+    header: Span | None = None  # `for i in range(n)` up to the colon
+    count: str | None = None  # the tower count as written (`n` of `range(n)`)
+    statement: Statement | None = None  # the whole loop, for a fix that wraps it
+    synced: bool = False  # built inside `with bnfix.tf1.sync_towers(...)`
 
 
 @dataclass(frozen=True)
@@ -582,6 +587,8 @@ class ModelStep:
     statement: Statement
     function: FunctionInfo | None
     text: str  # the statement's source text
+    qualname: str = ""  # what the call resolves to (`torch.nn.parallel.DistributedDataParallel`)
+    replicas: bool = False  # a wrap that trains one replica per process (DDP, Horovod)
     move: Statement | None = None  # what to move to reorder it (itself, or its lone `if`)
     move_lines: tuple[str, ...] = ()  # that statement's rows, relative to its indentation
 
@@ -604,6 +611,19 @@ class BiasBeforeBN:
     layer: BiasedLayer
     bn: BNSite
     how: str  # sequential | nested | consecutive
+
+
+@dataclass(frozen=True)
+class DeviceScope:
+    """`with strategy.scope():` for a tf.distribute strategy that trains on several devices:
+    what is built inside is replicated, one replica per device."""
+
+    strategy: str  # the strategy as written (`strategy`, `tf.distribute.MirroredStrategy()`)
+    span: Span  # the `strategy.scope()` call
+    function: FunctionInfo | None
+    first_row: int
+    last_row: int
+    resolved: bool  # the strategy's class is known (else judged by its name)
 
 
 @dataclass(frozen=True)
@@ -639,6 +659,9 @@ class ModuleIR:
     shadowed_methods: list[ShadowedMethod] = field(default_factory=list)
     param_freezes: list[ParamFreeze] = field(default_factory=list)
     model_steps: list[ModelStep] = field(default_factory=list)
+    device_scopes: list[DeviceScope] = field(default_factory=list)
+    backends: frozenset[str] = frozenset()  # torch.distributed backends named ("gloo", "nccl")
+    import_row: int = 1  # where a new top-level import goes (after the last one)
     bias_before_bn: list[BiasBeforeBN] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)  # module qualname -> local alias
     names_in_use: frozenset[str] = frozenset()

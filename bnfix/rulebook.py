@@ -141,6 +141,7 @@ class ApiSpec:
             synced=self.synced,
             defaults=dict(self.defaults),
             migration=self.migration,
+            synced_counterpart=self.synced_counterpart,
         )
 
 

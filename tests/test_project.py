@@ -28,7 +28,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_demo_command_checks_and_diffs_the_fixture():
     check = run_bnfix("check", "fixtures/seed000", cwd=REPO)
-    assert check.returncode == 1 and "Found 4 errors." in check.stdout
+    assert check.returncode == 1 and "Found 5 errors." in check.stdout
     diff = run_bnfix("check", "--diff", "--unsafe-fixes", "fixtures/seed000", cwd=REPO)
     assert diff.returncode == 1 and "+++ b/fixtures/seed000/single_gpu_finetune.py" in diff.stdout
 

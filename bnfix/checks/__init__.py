@@ -26,6 +26,6 @@ def check(code: str) -> Callable[[Check], Check]:
 
 def registry() -> dict[str, Check]:
     """All checks, importing the framework groups on first use."""
-    from bnfix.checks import keras, migration, tensorflow, torch  # noqa: F401  (they register)
+    from bnfix.checks import distributed, keras, migration, tensorflow, torch  # noqa: F401  (they register)
 
     return REGISTRY

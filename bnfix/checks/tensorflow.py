@@ -80,7 +80,7 @@ def _contexts(site: BNSite) -> Iterator[_Context]:
                 yield _Context(b.value(trainable), inner.value(training), b)
 
 
-def _training_mode(site: BNSite) -> bool:
+def training_mode(site: BNSite) -> bool:
     """The site may run in training mode in some context (training not literally False)."""
     return any(not is_const(c.training, False) for c in _contexts(site))
 
@@ -231,7 +231,7 @@ def update_ops_not_run(module: ModuleIR) -> Iterator[Finding]:
         s for s in module.bn_sites
         if s.api.updates == "update_ops"
         and not is_const(s.value("updates_collections"), None)
-        and _training_mode(s)
+        and training_mode(s)
     ]
     if not sites:
         return
@@ -367,7 +367,7 @@ def _literal_true(arg: Arg | None) -> bool:
 
 
 @check("BN010")
-def hardcoded_training_mode(module: ModuleIR) -> Iterator[Finding]:
+def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
     for site in module.bn_sites:
         places = [(site.args.get("training"), site.function, site.call.callee)]
         places += [(c.args.get("training"), c.function, c.call.callee) for c in site.instance_calls]

@@ -18,6 +18,7 @@ from bnfix.ir import (
     CallSite,
     CollectionGet,
     Const,
+    DeviceScope,
     EmaApply,
     FromParam,
     FunctionInfo,
@@ -26,6 +27,7 @@ from bnfix.ir import (
     Marker,
     ModuleIR,
     Param,
+    Span,
     Statement,
     TowerLoop,
     TrainOp,
@@ -79,6 +81,9 @@ class Resolver:
             self._scales_loss(d.left, d.right) for d in self.w.divisions)
         module.legacy_keras = "TF_USE_LEGACY_KERAS" in self.text.text
         module.arg_scoped = frozenset(self.w.arg_scoped)
+        module.device_scopes = [d for d in map(self._device_scope, self.w.scope_raw) if d]
+        module.backends = frozenset(BACKEND.findall(self.text.text))
+        module.import_row = self._import_row()
         TorchContext(self).lift_into(module)
         return module
 
@@ -215,7 +220,10 @@ class Resolver:
         """The module's functions a call may reach, and whether `self` is bound implicitly."""
         func = raw.call.func
         if isinstance(func, ast.Name):
-            return [(f, False) for f in by_name.get((None, func.id), [])]
+            functions = by_name.get((None, func.id), [])
+            if not functions:  # `Net(...)` runs `Net.__init__`
+                return [(f, True) for f in by_name.get((func.id, "__init__"), [])]
+            return [(f, False) for f in functions]
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
             return []
         owner = func.value.id
@@ -269,9 +277,73 @@ class Resolver:
                 device_block=block,
                 device_item=item,
                 body_last_row=node.body[-1].end_lineno or node.lineno,
+                header=Span(self.text.span(node).start, self.text.span(node.iter).end),
+                count=self._tower_count(node),
+                statement=self.statement(node, compound_ok=True),
+                synced=loop.synced,
             ))
             self._tower_loop[id(towers[-1])] = loop
         return towers
+
+    def _import_row(self) -> int:
+        """The row after the module's last top-level import (after its docstring and
+        `__future__` imports when it has none)."""
+        body = self.w.tree.body
+        imports = [s for s in body if isinstance(s, (ast.Import, ast.ImportFrom))]
+        if imports:
+            return (imports[-1].end_lineno or imports[-1].lineno) + 1
+        first = body[0] if body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                isinstance(first.value.value, str):
+            return (first.end_lineno or first.lineno) + 1
+        return 1
+
+    def _tower_count(self, node: ast.For | ast.AsyncFor) -> str | None:
+        """How many towers the loop builds, as source text: `n` of `range(n)`, `len(xs)` of
+        `enumerate(xs)` (None when the loop's shape says nothing)."""
+        it = node.iter
+        if not isinstance(it, ast.Call) or it.keywords:
+            return None
+        name = self.text.slice(self.text.span(it.func))
+        if name == "range" and len(it.args) == 1:
+            return self.text.slice(self.text.span(it.args[0]))
+        if name == "range" and len(it.args) == 2 and isinstance(it.args[0], ast.Constant) and \
+                it.args[0].value == 0:
+            return self.text.slice(self.text.span(it.args[1]))
+        if name in ("enumerate", "len") and len(it.args) == 1:
+            return f"len({self.text.slice(self.text.span(it.args[0]))})"
+        return None
+
+    def _device_scope(self, item: tuple[ast.Call, Ctx, ast.With | ast.AsyncWith]
+                      ) -> DeviceScope | None:
+        """`with X.scope():` where X is a multi-device tf.distribute strategy: resolved through
+        the assignments of X, or — when X comes from elsewhere — judged by its name."""
+        call, ctx, node = item
+        receiver = call.func.value  # type: ignore[attr-defined]
+        kind = self._strategy_kind(receiver, ctx)
+        if kind is None:
+            name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
+            if not (name == "strategy" or name.endswith("_strategy")):
+                return None
+        elif kind != "strategy":
+            return None
+        last = node.body[-1]
+        return DeviceScope(self.text.slice(self.text.span(receiver)), self.text.span(call),
+                           ctx.function, node.body[0].lineno, last.end_lineno or last.lineno,
+                           kind is not None)
+
+    def _strategy_kind(self, expr: ast.expr, ctx: Ctx, depth: int = 0) -> str | None:
+        """"strategy" / "single_strategy" for an expression that builds one, else None."""
+        if isinstance(expr, ast.Call):
+            kind = self.vocab.fn_kind.get(self.w.qualname(expr.func) or "")
+            return kind if kind in ("strategy", "single_strategy") else None
+        if depth > 2:
+            return None
+        for _, value, _ in self._defs_of(expr, ctx.function, ctx.class_name):
+            kind = self._strategy_kind(value, ctx, depth + 1)
+            if kind is not None:
+                return kind
+        return None
 
     def _tower_for(self, raw: RawCall, towers: list[TowerLoop]) -> tuple[TowerLoop | None, bool]:
         """The tower loop a call sits in (innermost), else the last one before it in the same
@@ -607,6 +679,7 @@ def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:
     return None
 
 
+BACKEND = re.compile(r"""(?<=["'])(gloo|nccl|mpi)(?=["'])""")
 _TOWER_COUNT = re.compile(r"tower|gpu|clone|replica|device|worker|split")
 
 

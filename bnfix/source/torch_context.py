@@ -336,7 +336,9 @@ class TorchContext:
         if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
             assigned = self._text(stmt.targets[0])
         step = ModelStep(raw.kind, target, assigned, call_info(self.text, call),
-                         self.r.statement(stmt), raw.ctx.function, self._text(stmt))
+                         self.r.statement(stmt), raw.ctx.function, self._text(stmt),
+                         qualname=raw.written,
+                         replicas=self.r.vocab.fn_kind.get(raw.written) == "replica_wrap")
         if raw.kind == "sync_convert" and assigned == target:
             owner = self.w.block_owner.get(self.w.block_of.get(id(stmt), 0))
             movable: ast.stmt = stmt

@@ -71,6 +71,7 @@ class Loop:
     device: tuple[WithItem, Block | None] | None = None
     name_scope: WithItem | None = None
     zip_star: bool = False  # `for grad_and_vars in zip(*tower_grads)`: one entry per tower
+    synced: bool = False  # inside `with bnfix.tf1.sync_towers(...)`
 
 
 @dataclass
@@ -168,6 +169,7 @@ class Walker:
         self.block_owner: dict[int, ast.If] = {}  # an `if` body's id -> the `if`
         self.layer_raw: list[tuple[RawCall, LayerSpec]] = []
         self.step_raw: list[RawCall] = []  # model wraps, optimizers, SyncBN conversions
+        self.scope_raw: list[tuple[ast.Call, Ctx, ast.With | ast.AsyncWith]] = []  # `x.scope()`
         self.sequential_raw: list[RawCall] = []
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
 
@@ -315,7 +317,8 @@ class Walker:
         self.names.update(targets)
         loop_var, zero = self._loop_index(node)
         loop = Loop(node, ctx.function, targets, loop_var, zero,
-                    reuse=any(w.reuse for w in ctx.withs), zip_star=_is_zip_star(node.iter))
+                    reuse=any(w.reuse for w in ctx.withs), zip_star=_is_zip_star(node.iter),
+                    synced=any(w.category == "sync_towers" for w in ctx.withs))
         inner = replace(ctx, loops=(*ctx.loops, loop))
         it = node.iter
         if isinstance(node.target, ast.Name) and isinstance(it, ast.Call) and \
@@ -355,6 +358,10 @@ class Walker:
                 else:
                     self._expr(item.optional_vars, ctx, node)
             frames.append(self._with_frame(item, as_name, node, ctx))
+            expr = item.context_expr
+            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
+                    expr.func.attr == "scope" and not expr.args and not expr.keywords:
+                self.scope_raw.append((expr, ctx, node))
         withs = ctx.withs + tuple(frames)
         for frame in frames:
             self._note_scope(frame, node, ctx)
@@ -513,8 +520,9 @@ class Walker:
                 self.markers.append(("graph_mode", call))
             elif kind == "average_loss":
                 self.averages_loss = True
-            elif kind in ("model_wrap", "sync_convert"):
-                raw.kind = kind
+            elif kind in ("model_wrap", "replica_wrap", "sync_convert"):
+                raw.kind = "model_wrap" if kind == "replica_wrap" else kind
+                raw.written = qual
                 self.step_raw.append(raw)
             elif kind == "sequential":
                 self.sequential_raw.append(raw)

@@ -1,0 +1,217 @@
+"""BN006 unsynced-bn-multi-device: plain BatchNorm where several devices train one model — TF1
+tower loops, tf.distribute strategy scopes, torch DDP / Horovod. Each replica then normalizes
+with its own slice of the batch, and (outside TF1's shared variables) keeps its own moving
+statistics."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+from bnfix.checks import check
+from bnfix.checks.tensorflow import training_mode
+from bnfix.ir import (
+    Applicability,
+    BNSite,
+    DeviceScope,
+    Edit,
+    EditOp,
+    Finding,
+    Fix,
+    FunctionInfo,
+    InsertRows,
+    ModelStep,
+    ModuleIR,
+    Span,
+    TowerLoop,
+    WrapStatements,
+    is_const,
+)
+
+UNSAFE = Applicability.UNSAFE
+DISPLAY = Applicability.DISPLAY_ONLY
+COST = "SyncBN costs one collective per BN layer per step"
+SYNC_TOWERS = "bnfix.tf1.sync_towers"
+TORCH_SYNC = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
+BNFIX_SYNC = "bnfix.torch.convert_sync"
+SEARCH_DEPTH = 4
+
+Inside = Callable[[FunctionInfo | None, int], bool]
+
+
+def _reaches(site: BNSite, inside: Inside) -> bool:
+    """The BN site runs inside a region: it is written there, or its function is called from
+    there (through at most SEARCH_DEPTH calls known in the module)."""
+    if inside(site.function, site.span.start.row):
+        return True
+    frontier, seen = [site.function], set()
+    for _ in range(SEARCH_DEPTH):
+        following = []
+        for function in frontier:
+            if function is None or id(function) in seen:
+                continue
+            seen.add(id(function))
+            for call in function.call_sites:
+                if inside(call.caller, call.span.start.row):
+                    return True
+                following.append(call.caller)
+        frontier = following
+    return False
+
+
+def _lines(sites: list[BNSite]) -> str:
+    first = sites[0]
+    more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
+    return f"`{first.call.callee}` at line {first.span.start.row}{more}"
+
+
+def _import(module: ModuleIR, qualname: str) -> tuple[str, tuple[EditOp, ...]]:
+    """`qualname` as this file can write it, and the import edit when it must be added."""
+    spelled = module.spell(qualname)
+    if spelled is not None:
+        return spelled, ()
+    package = qualname.rsplit(".", 1)[0]
+    return qualname, (InsertRows(module.import_row, "", ((0, f"import {package}"),)),)
+
+
+@check("BN006")
+def unsynced_bn_multi_device(module: ModuleIR) -> Iterator[Finding]:
+    yield from _towers(module)
+    yield from _strategy_scopes(module)
+    yield from _replica_wraps(module)
+
+
+# ---------------------------------------------------------------------------------------------
+# TF1 tower loops
+
+
+def _in_loop(tower: TowerLoop) -> Inside:
+    def inside(function: FunctionInfo | None, row: int) -> bool:
+        return function is tower.function and tower.span.start.row <= row <= tower.body_last_row
+    return inside
+
+
+def _towers(module: ModuleIR) -> Iterator[Finding]:
+    for tower in (t for t in module.tower_loops if not t.synced):
+        sites = [s for s in module.bn_sites
+                 if s.api.framework in ("tensorflow", "keras") and not s.api.synced
+                 and s.api.kind != "module" and _reaches(s, _in_loop(tower)) and training_mode(s)]
+        if not sites:
+            continue
+        message = (
+            f"BatchNorm built in every tower of this loop ({_lines(sites)}) normalizes each tower's "
+            "slice of the batch with that slice's statistics only: the towers share variables but "
+            "not batch statistics, so BN sees 1/N of the batch; synchronize the statistics across "
+            "the towers"
+        )
+        yield Finding("BN006", tower.header or tower.span, message, _tower_fix(module, tower, sites))
+
+
+def _tower_fix(module: ModuleIR, tower: TowerLoop, sites: list[BNSite]) -> Fix:
+    unsupported = sorted({s.call.callee for s in sites if s.api.synced_counterpart != SYNC_TOWERS})
+    if unsupported:
+        return Fix(DISPLAY, f"Synchronize BN across towers ({', '.join(unsupported)} has no "
+                            f"cross-tower form in `{SYNC_TOWERS}`: migrate it first, see BN007)")
+    statement = tower.statement
+    if tower.count is None or statement is None or not statement.wrappable:
+        return Fix(DISPLAY, f"Wrap the tower loop in `with {SYNC_TOWERS}(<number of towers>):`")
+    name, imports = _import(module, SYNC_TOWERS)
+    wrap = WrapStatements(statement.first_row, statement.last_row, f"with {name}({tower.count}):")
+    return Fix(UNSAFE, f"Wrap the tower loop in `with {name}({tower.count}):` (adds a runtime "
+                       f"dependency on bnfix; {COST})", (*imports, wrap))
+
+
+# ---------------------------------------------------------------------------------------------
+# Keras under a tf.distribute strategy scope
+
+
+def _in_scope(scope: DeviceScope) -> Inside:
+    def inside(function: FunctionInfo | None, row: int) -> bool:
+        return function is scope.function and scope.first_row <= row <= scope.last_row
+    return inside
+
+
+def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
+    reported: set[int] = set()
+    for scope in module.device_scopes:
+        for site in module.bn_sites:
+            if id(site) in reported or "synchronized" not in site.api.defaults or site.api.synced:
+                continue
+            if is_const(site.value("synchronized"), True) or not _reaches(site, _in_scope(scope)):
+                continue
+            reported.add(id(site))
+            how = "" if scope.resolved else " (judged by its name)"
+            message = (
+                f"`{site.call.callee}` is built under `{scope.strategy}.scope()` (line "
+                f"{scope.span.start.row}), a multi-device strategy{how}, without "
+                "`synchronized=True`: each replica normalizes its own slice of the global batch and "
+                "keeps its own moving statistics"
+            )
+            yield Finding("BN006", site.span, message, _keras_fix(module, site))
+
+
+def _keras_fix(module: ModuleIR, site: BNSite) -> Fix:
+    message = f"Pass `synchronized=True` ({COST})"
+    if module.targets.get("tensorflow", (2, 12)) < (2, 12):
+        return Fix(DISPLAY, "Use `tf.keras.layers.experimental.SyncBatchNormalization` "
+                            "(`synchronized=True` needs TensorFlow 2.12)")
+    arg = site.args.get("synchronized")
+    if arg is not None:
+        if is_const(arg.value, False):
+            return Fix(UNSAFE, message, (Edit(arg.value_span, "True"),))
+        return Fix(DISPLAY, message)
+    if site.unpacked:
+        return Fix(DISPLAY, message)
+    call = site.call
+    edit = Edit(Span.at(call.close_paren), "synchronized=True") if call.args_end is None else \
+        Edit(Span.at(call.args_end), ", synchronized=True")
+    return Fix(UNSAFE, message, (edit,))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch DDP / Horovod
+
+MOVED = re.compile(r"^(?P<model>[A-Za-z_][\w.]*?)(?:\.(?:to|cuda)\(.*\))?$", re.DOTALL)
+
+
+def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
+    torch_sites = [s for s in module.bn_sites if s.api.framework == "torch"]
+    plain = [s for s in torch_sites if not s.api.synced and s.api.synced_counterpart]
+    if not plain or any(s.api.synced for s in torch_sites) or \
+            any(s.kind == "sync_convert" for s in module.model_steps):
+        return
+    for wrap in (s for s in module.model_steps if s.kind == "model_wrap" and s.replicas):
+        what = wrap.call.callee
+        message = (
+            f"`{what}` trains one replica per process, and the BatchNorm layers of this file "
+            f"({_lines(plain)}) stay plain: each process normalizes with its own batch only and "
+            "keeps its own running statistics; convert them to SyncBatchNorm before the wrap"
+        )
+        yield Finding("BN006", wrap.call.span, message, _torch_fix(module, wrap))
+
+
+def _torch_fix(module: ModuleIR, wrap: ModelStep) -> Fix:
+    if wrap.qualname.startswith("horovod."):
+        return Fix(DISPLAY, f"Use `horovod.torch.SyncBatchNorm` for the BN layers ({COST})")
+    match = MOVED.match(wrap.target)
+    if match is None:
+        return Fix(DISPLAY, f"Convert the model's BN with `{TORCH_SYNC}` before the wrap")
+    model = match["model"]
+    steps = [s for s in module.model_steps
+             if s.function is wrap.function and s.kind in ("model_wrap", "optimizer")
+             and s.statement.first_row <= wrap.statement.first_row
+             and model in (s.target, s.assigned, MOVED.match(s.target) and
+                           MOVED.match(s.target)["model"])]  # type: ignore[index]
+    first = min(steps, key=lambda s: s.statement.first_row)
+    if any(not s.statement.wrappable or s.statement.block != first.statement.block
+           for s in steps):
+        return Fix(DISPLAY, f"Convert the model's BN with `{TORCH_SYNC}` before the wrap and "
+                            "before the optimizer")
+    on_cpu = "gloo" in module.backends
+    name, imports = _import(module, BNFIX_SYNC if on_cpu else TORCH_SYNC)
+    why = (" (bnfix's SyncBatchNorm also runs on CPU/gloo, which this script uses; adds a runtime "
+           "dependency on bnfix)" if on_cpu else "")
+    insert = InsertRows(first.statement.first_row, first.statement.indent,
+                        ((0, f"{model} = {name}({model})"),))
+    return Fix(UNSAFE, f"Convert BN to SyncBatchNorm before the wrap and the optimizer{why}; {COST}",
+               (*imports, insert))
