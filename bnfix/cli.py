@@ -70,6 +70,32 @@ def build_parser() -> argparse.ArgumentParser:
     rule.add_argument("--output-format", default="text", choices=("text", "json"))
     rules = sub.add_parser("rules", help="list the rules")
     rules.add_argument("--output-format", default="text", choices=("text", "json", "markdown"))
+    convert = sub.add_parser(
+        "convert", help="rewrite a model file's BN layers (Keras: sync|plain; ONNX: inference|folded)",
+        epilog="Exit codes: 0 written, 1 the rewrite failed its check (nothing written), 2 usage.")
+    convert.add_argument("model", help="MODEL.keras or MODEL.onnx")
+    convert.add_argument("--to", required=True,
+                         choices=("sync", "plain", "inference", "folded"),
+                         help="sync|plain for .keras, inference|folded for .onnx")
+    convert.add_argument("-o", "--output", required=True, help="where to write the result")
+    inspect = sub.add_parser(
+        "inspect", help="find BN bugs' fingerprints in checkpoints, graphs and exported models",
+        epilog=EPILOG)
+    inspect.add_argument("paths", nargs="+", help="checkpoints, graphs, model files or folders")
+    inspect.add_argument("--output-format", default="full",
+                         choices=("full", "concise", "json", "github", "sarif"))
+    inspect.add_argument("--select", type=_codes, default=None, help="rules to enable")
+    inspect.add_argument("--ignore", type=_codes, default=[], action="extend",
+                         help="rules to disable")
+    inspect.add_argument("--plot", help="write a PNG of per-layer BN statistics here")
+    inspect.add_argument("--allow-pickle", action="store_true",
+                         help="load full pickled torch models (runs code from the file: only for "
+                              "files you trust)")
+    inspect.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    from bnfix.validate.arguments import add_arguments
+
+    add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
+                                                  "(runs your code)"))
     return parser
 
 
@@ -144,7 +170,28 @@ def _cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules}
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from bnfix.convert import convert_file
+
+    return convert_file(args.model, args.to, args.output)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from bnfix.artifacts.inspect import inspect_command
+
+    return inspect_command(args.paths, output_format=args.output_format, select=args.select,
+                           ignore=args.ignore, plot=args.plot, allow_pickle=args.allow_pickle,
+                           exit_zero=args.exit_zero)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from bnfix.validate.command import run
+
+    return run(args)
+
+
+COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules,
+            "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
 FIX_KINDS = ("safe", "unsafe", "display-only", "none")
 EXAMPLE_KINDS = ("valid", "invalid", "fix")
+# What a rule reads: Python source (`bnfix check`) or artifacts (`bnfix inspect`: checkpoints,
+# graphs, model files). Artifact rules' examples are artifacts, not source.
+TARGETS = ("source", "artifact")
 
 
 class RuleBookError(Exception):
@@ -34,10 +37,15 @@ class RuleBookError(Exception):
 @dataclass(frozen=True)
 class Example:
     kind: str  # valid | invalid | fix
-    source: str
+    source: str  # "" for an artifact rule's example
     lines: tuple[int, ...] = ()  # rows where an invalid example must be flagged
     fixed: str | None = None  # the expected result of `fix --unsafe-fixes`
     name: str = ""
+    # artifact rules: the artifact IR as plain data (`bnfix.artifacts.literal`), or a file to
+    # write and read ({name, text | hex}); `flagged`: the layers an invalid example reports
+    artifact: dict[str, Any] | None = field(default=None, compare=False)
+    file: dict[str, str] | None = field(default=None, compare=False)
+    flagged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class Rule:
     docs: RuleDocs
     examples: tuple[Example, ...]
     path: Path
+    target: str = "source"
 
     @property
     def url(self) -> str:
@@ -204,8 +213,14 @@ class RuleBook:
     def by_name(self, name: str) -> Rule | None:
         return next((r for r in self.rules.values() if r.name == name), None)
 
-    def expand(self, selectors: list[str]) -> set[str]:
-        """Codes matched by selectors: `ALL`, a full code, a prefix (`BN0`), or a rule name."""
+    def expand(self, selectors: list[str], target: str | None = "source") -> set[str]:
+        """Codes matched by selectors: `ALL`, a full code, a prefix (`BN0`), or a rule name;
+        only rules of `target` (`bnfix check` runs source rules, `bnfix inspect` artifact
+        rules; None: every rule). A selector that matches no rule at all is an error."""
+        out = self._expand(selectors)
+        return out if target is None else {c for c in out if self.rules[c].target == target}
+
+    def _expand(self, selectors: list[str]) -> set[str]:
         out: set[str] = set()
         for sel in selectors:
             sel = sel.strip()
@@ -254,6 +269,9 @@ def _load_rule(path: Path) -> Rule:
     fix = _require(data, "fix", path)
     if fix not in FIX_KINDS:
         raise RuleBookError(f"{path}: fix must be one of {FIX_KINDS}, not `{fix}`")
+    target = data.get("target", "source")
+    if target not in TARGETS:
+        raise RuleBookError(f"{path}: target must be one of {TARGETS}, not `{target}`")
     examples = []
     for i, ex in enumerate(data.get("examples", [])):
         kind = _require(ex, "kind", path)
@@ -261,6 +279,9 @@ def _load_rule(path: Path) -> Rule:
             raise RuleBookError(f"{path}: example {i}: kind must be one of {EXAMPLE_KINDS}")
         if kind == "fix" and "fixed" not in ex:
             raise RuleBookError(f"{path}: example {i}: a fix example needs `fixed`")
+        if target == "artifact":
+            examples.append(_artifact_example(ex, kind, i, path))
+            continue
         examples.append(
             Example(
                 kind=kind,
@@ -292,7 +313,24 @@ def _load_rule(path: Path) -> Rule:
         ),
         examples=tuple(examples),
         path=path,
+        target=target,
     )
+
+
+def _artifact_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Example:
+    """An artifact rule's example: an artifact (as data) or a file, and the flagged layers."""
+    if kind == "fix":
+        raise RuleBookError(f"{path}: example {i}: artifact rules have no fix examples")
+    artifact, file = ex.get("artifact"), ex.get("file")
+    if (artifact is None) == (file is None):
+        raise RuleBookError(f"{path}: example {i}: give exactly one of `artifact` or `file`")
+    if file is not None and ("name" not in file or ("text" in file) == ("hex" in file)):
+        raise RuleBookError(f"{path}: example {i}: `file` needs `name` and one of `text`/`hex`")
+    flagged = tuple(ex.get("flagged", ()))
+    if kind == "invalid" and not flagged:
+        raise RuleBookError(f"{path}: example {i}: an invalid example lists what it `flagged`")
+    return Example(kind=kind, source="", name=ex.get("name", f"{kind}-{i}"), artifact=artifact,
+                   file=file, flagged=flagged)
 
 
 def _load_catalogue(folder: Path) -> Catalogue:

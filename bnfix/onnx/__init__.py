@@ -1,0 +1,1 @@
+"""ONNX front-end: BN layers of a ModelProto, and the inference / folding rewrites."""
