@@ -614,6 +614,16 @@ class BiasBeforeBN:
 
 
 @dataclass(frozen=True)
+class LibraryModel:
+    """A library model built in this file that is known to hold plain BatchNorm layers
+    (`torchvision.models.resnet50()`): BN the file uses without constructing it."""
+
+    qualname: str
+    callee: str  # as written
+    span: Span
+
+
+@dataclass(frozen=True)
 class DeviceScope:
     """`with strategy.scope():` for a tf.distribute strategy that trains on several devices:
     what is built inside is replicated, one replica per device."""
@@ -660,6 +670,7 @@ class ModuleIR:
     param_freezes: list[ParamFreeze] = field(default_factory=list)
     model_steps: list[ModelStep] = field(default_factory=list)
     device_scopes: list[DeviceScope] = field(default_factory=list)
+    bn_models: list[LibraryModel] = field(default_factory=list)
     backends: frozenset[str] = frozenset()  # torch.distributed backends named ("gloo", "nccl")
     import_row: int = 1  # where a new top-level import goes (after the last one)
     bias_before_bn: list[BiasBeforeBN] = field(default_factory=list)

@@ -174,18 +174,31 @@ def _keras_fix(module: ModuleIR, site: BNSite) -> Fix:
 MOVED = re.compile(r"^(?P<model>[A-Za-z_][\w.]*?)(?:\.(?:to|cuda)\(.*\))?$", re.DOTALL)
 
 
-def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
+def _plain_torch_bn(module: ModuleIR) -> str | None:
+    """Where this file gets plain BN from, for the message: its own BN layers, or a library
+    model known to hold them; None when it has none (or already synchronizes some)."""
     torch_sites = [s for s in module.bn_sites if s.api.framework == "torch"]
+    if any(s.api.synced for s in torch_sites):
+        return None
     plain = [s for s in torch_sites if not s.api.synced and s.api.synced_counterpart]
-    if not plain or any(s.api.synced for s in torch_sites) or \
-            any(s.kind == "sync_convert" for s in module.model_steps):
+    if plain:
+        return f"the BatchNorm layers of this file ({_lines(plain)})"
+    if module.bn_models:
+        model = module.bn_models[0]
+        return f"the BatchNorm layers of `{model.callee}` (line {model.span.start.row})"
+    return None
+
+
+def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
+    plain = _plain_torch_bn(module)
+    if plain is None or any(s.kind == "sync_convert" for s in module.model_steps):
         return
     for wrap in (s for s in module.model_steps if s.kind == "model_wrap" and s.replicas):
         what = wrap.call.callee
         message = (
-            f"`{what}` trains one replica per process, and the BatchNorm layers of this file "
-            f"({_lines(plain)}) stay plain: each process normalizes with its own batch only and "
-            "keeps its own running statistics; convert them to SyncBatchNorm before the wrap"
+            f"`{what}` trains one replica per process, and {plain} stay plain: each process "
+            "normalizes with its own batch only and keeps its own running statistics; convert "
+            "them to SyncBatchNorm before the wrap"
         )
         yield Finding("BN006", wrap.call.span, message, _torch_fix(module, wrap))
 

@@ -24,6 +24,7 @@ from bnfix.ir import (
     FunctionInfo,
     GradientSum,
     LayerCall,
+    LibraryModel,
     Marker,
     ModuleIR,
     Param,
@@ -82,6 +83,8 @@ class Resolver:
         module.legacy_keras = "TF_USE_LEGACY_KERAS" in self.text.text
         module.arg_scoped = frozenset(self.w.arg_scoped)
         module.device_scopes = [d for d in map(self._device_scope, self.w.scope_raw) if d]
+        module.bn_models = [LibraryModel(r.written, self.text.slice(self.text.span(r.call.func)),
+                                         self.text.span(r.call)) for r in self.w.bn_model_raw]
         module.backends = frozenset(BACKEND.findall(self.text.text))
         module.import_row = self._import_row()
         TorchContext(self).lift_into(module)

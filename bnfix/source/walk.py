@@ -171,6 +171,7 @@ class Walker:
         self.step_raw: list[RawCall] = []  # model wraps, optimizers, SyncBN conversions
         self.scope_raw: list[tuple[ast.Call, Ctx, ast.With | ast.AsyncWith]] = []  # `x.scope()`
         self.sequential_raw: list[RawCall] = []
+        self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
 
     def walk(self) -> Walker:
@@ -526,6 +527,9 @@ class Walker:
                 self.step_raw.append(raw)
             elif kind == "sequential":
                 self.sequential_raw.append(raw)
+            elif kind == "bn_model":
+                raw.written = qual
+                self.bn_model_raw.append(raw)
             elif qual.startswith(self.vocab.optimizer_prefixes):
                 raw.kind = "optimizer"
                 self.step_raw.append(raw)
