@@ -49,7 +49,8 @@ def graphs(tmp_path_factory):
         "fixed-multi": (fixed / "multi_gpu_train.py", towers),
         "fixed-single": (fixed / "single_gpu_finetune.py", ["--steps", "1"]),
     }
-    spec = [{"program": str(program), "args": args, "meta": str(root / f"{name}.meta")}
+    spec = [{"program": str(program), "args": args, "meta": str(root / f"{name}.meta"),
+             "checkpoint": str(root / name / "model.ckpt")}
             for name, (program, args) in jobs.items()]
     spec.append({"program": str(FROZEN), "args": [str(root)]})
     (root / "spec.json").write_text(json.dumps(spec))
@@ -63,6 +64,7 @@ def graphs(tmp_path_factory):
     out = {name: read_tf_graph(str(root / f"{name}.meta")) for name in jobs}
     for name in ("frozen_train_mode.pb", "frozen_unfolded.pb", "saved_model"):
         out[name] = read_tf_graph(str(root / name))
+    out["root"] = root
     return out
 
 
@@ -123,3 +125,25 @@ def test_tf_frozen_graphs(graphs):
     saved = graphs["saved_model"]
     assert saved.kind == "tf-saved-model" and saved.graph.unfolded == unfolded.graph.unfolded
     assert saved.layers[0].var.tolist() == [1.0, 4.0, 0.25, 9.0]  # from variables/ checkpoint
+
+
+def test_inspect_finds_the_fingerprints_before_the_fix_and_none_after(graphs):
+    """`bnfix inspect` on what the programs left behind, the MetaGraph and the checkpoint each
+    saved when its session closed: the bugs' fingerprints before the fix, nothing after it."""
+    root = graphs["root"]
+    names = ("original-multi", "original-single", "fixed-multi", "fixed-single")
+    paths = [f"{name}.meta" for name in names] + [f"{name}/model.ckpt.index" for name in names]
+    run = run_bnfix("inspect", "--output-format", "json", *paths, cwd=root, timeout=300)
+    assert run.returncode == 1, run.stderr[-2000:]
+    found: dict[str, set[str]] = {}
+    for record in json.loads(run.stdout):
+        found.setdefault(os.path.relpath(record["filename"], root), set()).add(record["code"])
+    assert found == {
+        # BN001 (trainable=False) leaves gamma/beta at 1/0 and publishes no update ops (BN203,
+        # stats at 0/1: BN201); BN004 leaves EMA shadows of the moving stats (BN205)
+        "original-multi.meta": {"BN203", "BN205"},
+        "original-multi/model.ckpt": {"BN201", "BN202", "BN205"},
+        # BN003: the update ops never reach the train op
+        "original-single.meta": {"BN203"},
+        "original-single/model.ckpt": {"BN201"},
+    }, found
