@@ -25,13 +25,17 @@ def _common(parser: argparse.ArgumentParser, devices: str) -> None:
                         help="the GLOBAL batch's shape, e.g. 8,3,32,32 (split over the devices)")
     parser.add_argument("--target", choices=("classes", "regression"), default="classes",
                         help="synthetic targets: class indices (cross-entropy) or regression (MSE)")
-    parser.add_argument(devices, type=int, default=2, help="how many devices/ranks/replicas")
+    parser.add_argument(devices, type=int, default=None,
+                        help="how many devices/ranks/replicas (default 2; under torchrun or "
+                             "TF_CONFIG: the job's own)")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps to compare")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl", "cpu", "gpu"), default="auto",
                         help="auto: CUDA/NCCL when GPUs are present, else CPU (gloo / logical "
                              "CPU devices)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the model's initialisation and the synthetic data")
+    parser.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="max relative error allowed (default set by --dtype)")
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure as JSON")
@@ -64,11 +68,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "symptom gone", epilog=EXIT, description=RUNS_USER_CODE,
         usage="bnfix validate fix PATH [options] -- COMMAND [ARGS...]")
     fix.add_argument("path", help="the project folder (copied twice; never modified)")
-    fix.add_argument("--select", help="rules to fix (default: the configuration's)")
+    fix_options(fix)
+    # not `command`: the top-level parser keeps the subcommand's name there. Options written
+    # after PATH land here too; fix_command parses them with fix_options.
+    fix.add_argument("run_command", metavar="COMMAND", nargs=argparse.REMAINDER,
+                     help="after `--`: the command to run in both copies")
+
+
+def fix_options(fix: argparse.ArgumentParser) -> None:
+    """The options of `validate fix` (also parsed from the tokens between PATH and `--`)."""
+    fix.add_argument("--select", help="rules to fix, comma-separated (default: the "
+                                      "configuration's)")
     fix.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure as JSON")
     fix.add_argument("--plot", metavar="OUT.png", help="write the BN state trajectories")
     fix.add_argument("--timeout", type=float, default=600, help="seconds each run may take")
-    fix.add_argument("--keep", metavar="DIR", help="keep the two copies (and probe logs) here")
+    fix.add_argument("--keep", metavar="DIR",
+                     help="keep the two copies, their output and the probe logs in DIR (new or "
+                          "empty)")
+    fix.add_argument("--sequential", action="store_true",
+                     help="run the two copies one after the other (scripts that bind a fixed "
+                          "port or need every GPU)")
     fix.add_argument("--no-progress", dest="progress", action="store_false", default=None)
-    fix.add_argument("command", nargs=argparse.REMAINDER,
-                     help="after `--`: the command to run in both copies")
