@@ -1,0 +1,323 @@
+"""The Keras run of `bnfix validate keras`, in a fresh process: `python -m
+bnfix.validate.keras_worker DIR` (see bnfix.validate.worker_io for the files).
+
+Devices first: N logical CPU devices (or the GPUs; one GPU split into N logical GPUs when there
+are fewer than N), set before anything initialises TensorFlow. Then three copies of the model
+with the same weights: the reference (plain BN, one device, the global batch), the converted
+one (`bnfix.keras.convert_sync`, synchronized=True) and the unconverted one under
+MirroredStrategy (MultiWorkerMirroredStrategy under TF_CONFIG). Each replica's loss is
+`tf.nn.compute_average_loss(per_example, global_batch_size=GB)` (its share of the mean over the
+global batch) and the optimizer SUM-reduces the gradients, so the applied gradient is the
+global batch's. Values leave the replicas through `strategy.gather` (all workers' replicas, in
+replica order); the recorded parameter gradients are the per-replica ones summed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from bnfix.validate import data, worker_io
+from bnfix.validate.comparison import (
+    MODEL,
+    Fidelity,
+    Key,
+    Refusal,
+    Trace,
+    Validation,
+    compare,
+    output_error,
+)
+from bnfix.validate.errors import ValidateUsageError
+from bnfix.validate.loading import call_user, load_callable
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ["KERAS_BACKEND"] = "tensorflow"
+
+
+def tf_config_task() -> tuple[bool, str] | None:
+    """(is the chief, description) under TF_CONFIG, else None."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    config = json.loads(raw)
+    task, cluster = config.get("task", {}), config.get("cluster", {})
+    kind, index = task.get("type", "worker"), int(task.get("index", 0))
+    chief = kind == "chief" or (kind == "worker" and index == 0 and "chief" not in cluster)
+    return chief, f"MultiWorkerMirroredStrategy (TF_CONFIG {kind} {index})"
+
+
+def configure_devices(tf: Any, job: dict[str, Any], count: int) -> tuple[list[str], str, Any]:
+    """Logical devices for `count` replicas; returns (device names, what they are, the
+    cross-device reduction to use, None for the default)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if job["backend"] == "gpu" and not gpus:
+        raise ValidateUsageError("--backend gpu: TensorFlow sees no GPU here")
+    if gpus and job["backend"] in ("auto", "gpu"):
+        names = [f"/gpu:{i}" for i in range(count)]
+        if len(gpus) >= count:
+            return names, f"{count} GPUs", None
+        config = tf.config.LogicalDeviceConfiguration(memory_limit=4096)
+        tf.config.set_logical_device_configuration(gpus[0], [config] * count)
+        # NCCL cannot reduce between logical devices of one GPU
+        return names, f"{count} logical GPUs on one", tf.distribute.ReductionToOneDevice()
+    if gpus:
+        tf.config.set_visible_devices([], "GPU")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    return [f"/cpu:{i}" for i in range(count)], f"{count} logical CPU devices", None
+
+
+def model_maker(job: dict[str, Any], keras: Any) -> Callable[[], Any]:
+    spec, cwd = job["factory"], Path(job["cwd"])
+    if spec.endswith(".keras"):
+        path = cwd / spec
+        if not path.is_file():
+            raise ValidateUsageError(f"{spec}: no such file")
+
+        def load() -> Any:
+            try:
+                return keras.models.load_model(path)
+            except Exception as exc:  # noqa: BLE001 - the user's file: one line
+                raise ValidateUsageError(f"{spec}: cannot load the model: "
+                                         f"{type(exc).__name__}: {exc}") from None
+        return load
+    factory = load_callable(spec, cwd)
+
+    def build() -> Any:
+        keras.utils.set_random_seed(job["seed"])
+        model = call_user(spec, factory)
+        if not isinstance(model, keras.Model):
+            raise ValidateUsageError(f"{spec} returned a {type(model).__name__}, not a Keras 3 "
+                                     "model")
+        return model
+    return build
+
+
+def variable_keys(model: Any) -> dict[int, Key]:
+    """(layer path, variable name) of every variable, by id; a shared layer under its first
+    path."""
+    from bnfix.keras.convert import layer_paths
+
+    keys: dict[int, Key] = {}
+    for path, layer in layer_paths(model).items():
+        if layer._flatten_layers(include_self=False, recursive=False):
+            continue  # a container: its leaves hold the variables
+        for variable in layer.weights:
+            keys.setdefault(id(variable), (path, variable.name))
+    return keys
+
+
+def layer_kinds(model: Any) -> dict[str, str]:
+    from bnfix.keras.convert import layer_paths
+
+    return {path: type(layer).__name__ for path, layer in layer_paths(model).items()}
+
+
+class KerasRun:
+    """One job's data, loss and training loops (the reference and the replicated one)."""
+
+    def __init__(self, job: dict[str, Any], tf: Any, keras: Any, replicas: int) -> None:
+        self.job, self.tf, self.keras, self.replicas = job, tf, keras, replicas
+        self.shape = tuple(job["input_shape"])
+        self.batch = self.shape[0]
+        self.out_shape: tuple[int, ...] = ()
+
+    def x(self, step: int) -> Any:
+        return data.inputs(self.job["seed"], step, self.shape, self.replicas, self.job["dtype"])
+
+    def y(self, step: int) -> Any:
+        return data.targets(self.job["seed"], step, self.job["target"], self.batch,
+                            self.out_shape, self.job["dtype"])
+
+    def check_output(self, model: Any, spec: str) -> None:
+        try:
+            out = model(self.x(0), training=False)
+        except Exception as exc:  # noqa: BLE001 - the user's model: one line
+            raise ValidateUsageError(
+                f"{spec}: the model rejects --input-shape {','.join(map(str, self.shape))}: "
+                f"{type(exc).__name__}: {exc}") from None
+        if not hasattr(out, "shape") or tuple(out.shape)[:1] != (self.batch,):
+            raise ValidateUsageError(f"{spec}: the model must return one tensor with the batch "
+                                     "as its first dimension")
+        if self.job["target"] == "classes" and (len(out.shape) < 2 or out.shape[-1] < 2):
+            raise ValidateUsageError(f"{spec}: --target classes needs outputs of shape "
+                                     "(batch, ..., classes): use --target regression")
+        self.out_shape = tuple(out.shape[1:])
+
+    def per_example(self, out: Any, y: Any) -> Any:
+        tf, keras = self.tf, self.keras
+        if self.job["target"] == "classes":
+            loss = keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True)
+        else:
+            loss = tf.square(out - y)
+        return tf.reduce_mean(tf.reshape(loss, [tf.shape(loss)[0], -1]), axis=1)
+
+    def _replica_step(self, model: Any, optimizer: Any, moving: list[Any]) -> Callable:
+        tf = self.tf
+
+        def replica(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                out = model(x, training=True)
+                loss = tf.nn.compute_average_loss(self.per_example(out, y),
+                                                  global_batch_size=self.batch)
+            variables = model.trainable_variables
+            grads = tape.gradient(loss, [*variables, x])
+            grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, [*variables, x],
+                                                                          strict=True)]
+            optimizer.apply_gradients(zip(grads[:-1], variables, strict=True))
+            stats = [tf.expand_dims(tf.identity(v.value), 0) for v in moving]
+            return (out, tf.reshape(loss, [1]), grads[-1],
+                    [tf.expand_dims(g, 0) for g in grads[:-1]], stats)
+        return replica
+
+    def _distribute(self, strategy: Any, values: Any) -> Any:
+        """Replica r gets shard r of `values` (all workers' replicas, in replica order)."""
+        parts = data.shards(self.batch, self.replicas)
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: self.tf.constant(values[parts[ctx.replica_id_in_sync_group]]))
+
+    def train(self, model: Any, strategy: Any | None) -> Trace:
+        """K steps; `strategy` None is the reference (one device, the whole batch)."""
+        tf, keras = self.tf, self.keras
+        optimizer = keras.optimizers.SGD(self.job["lr"])
+        keys = variable_keys(model)
+        moving = [v for v in model.non_trainable_variables if id(v) in keys]
+        if strategy is not None:
+            with strategy.scope():
+                optimizer.build(model.trainable_variables)
+        replica = self._replica_step(model, optimizer, moving)
+        step_fn = tf.function(replica if strategy is None else
+                              lambda x, y: strategy.run(replica, args=(x, y)))
+        grad_keys = [(keys[id(v)][0], keys[id(v)][1] + ".grad") for v in model.trainable_variables]
+        trace = Trace()
+        stats: list[Any] = []
+        for step in range(self.job["steps"]):
+            x, y = self.x(step), self.y(step)
+            if strategy is None:
+                out, loss, x_grad, grads, stats = step_fn(tf.constant(x), tf.constant(y))
+                grads = [g.numpy() for g in grads]
+                stats = [s.numpy() for s in stats]
+            else:
+                dx, dy = (self._distribute(strategy, values) for values in (x, y))
+                out, loss, x_grad, grads, stats = step_fn(dx, dy)
+                out, loss, x_grad = (strategy.gather(v, axis=0) for v in (out, loss, x_grad))
+                grads = [strategy.gather(g, axis=0).numpy() for g in grads]
+                stats = [strategy.gather(s, axis=0).numpy() for s in stats]
+            values: dict[Key, Any] = {(MODEL, "output"): out.numpy(),
+                                      (MODEL, "loss"): loss.numpy().sum(),
+                                      (MODEL, "input_grad"): x_grad.numpy()}
+            for key, grad in zip(grad_keys, grads, strict=True):
+                values[key] = grad.sum(0)
+            trace.steps.append(values)
+        state_keys = [keys[id(v)] for v in moving]
+        trace.final = [{key: s[r] for key, s in zip(state_keys, stats, strict=True)}
+                       for r in range(len(stats[0]) if stats else 1)]
+        return trace
+
+
+def _fidelity(reference: Any, x: Any, kinds: dict[str, str]) -> tuple[Fidelity, ...]:
+    from bnfix.keras import convert_sync, revert_sync
+    from bnfix.keras.convert import layer_paths
+
+    want = reference(x, training=False).numpy()
+    synced, to_sync = convert_sync(reference)
+    refused = tuple(Refusal(r.path, kinds.get(r.path, ""), r.reason) for r in to_sync.refused)
+    results = [Fidelity("convert_sync", *output_error(synced(x, training=False).numpy(), want),
+                        len(to_sync.converted), refused,
+                        "in place" if to_sync.in_place else "a clone, weights copied")]
+    plain, back = revert_sync(synced)
+    still = [p for p, layer in layer_paths(plain).items() if getattr(layer, "synchronized", False)]
+    results.append(Fidelity("revert_sync", *output_error(plain(x, training=False).numpy(), want),
+                            len(back.converted), (), "synchronized=False everywhere again",
+                            f"still synchronized: {', '.join(still)}" if still else ""))
+    return tuple(results)
+
+
+def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
+    started: list[tuple[str, float]] = []
+
+    def phase(name: str) -> None:
+        started.append((name, time.perf_counter()))
+        worker_io.phase(workdir, name)
+
+    phase("configuring devices")
+    import tensorflow as tf
+
+    task = tf_config_task()
+    if task is None:
+        count = job["devices"] or job["default_devices"]
+        devices, where, reduction = configure_devices(tf, job, count)
+    import keras
+
+    from bnfix.keras import convert_sync
+
+    if job["dtype"] == "float64":
+        keras.config.set_floatx("float64")
+    if task is None:
+        strategy = tf.distribute.MirroredStrategy(devices, cross_device_ops=reduction)
+        launcher = "MirroredStrategy"
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        launcher, where = task[1], f"{strategy.num_replicas_in_sync} replicas over the workers"
+        if job["devices"] not in (None, strategy.num_replicas_in_sync):
+            raise ValidateUsageError(f"--replicas {job['devices']} but the TF_CONFIG job has "
+                                     f"{strategy.num_replicas_in_sync}: leave --replicas out")
+    replicas = strategy.num_replicas_in_sync
+    if job["input_shape"][0] < replicas:
+        raise ValidateUsageError(f"a global batch of {job['input_shape'][0]} cannot give each "
+                                 f"of {replicas} replicas a sample")
+    phase("building the model")
+    make = model_maker(job, keras)
+    runner = KerasRun(job, tf, keras, replicas)
+    base = make()
+    runner.check_output(base, job["factory"])
+    weights = base.get_weights()
+    kinds = layer_kinds(base)
+
+    def copy_in_scope() -> Any:
+        with strategy.scope():
+            model = make()
+            runner.check_output(model, job["factory"])
+            model.set_weights(weights)
+        return model
+
+    phase("reference run (plain BN, one device, global batch)")
+    reference = make()
+    runner.check_output(reference, job["factory"])
+    reference.set_weights(weights)
+    ref = runner.train(reference, None)
+    phase(f"synced run on {replicas} replicas")
+    with strategy.scope():
+        synced, _ = convert_sync(copy_in_scope())
+    synced_trace = runner.train(synced, strategy)
+    phase(f"unsynced run on {replicas} replicas")
+    unsynced_trace = runner.train(copy_in_scope(), strategy)
+    phase("conversion fidelity (eval mode)")
+    fidelity = _fidelity(reference, runner.x(0), kinds)
+    phase("comparing")
+    seconds = {name: round(end - begin, 2)
+               for (name, begin), (_, end) in pairwise(started)}
+    settings = {"input_shape": list(job["input_shape"]), "devices": replicas,
+                "replica_word": "replicas", "backend": "", "device": where,
+                "launcher": launcher, "steps": job["steps"], "lr": job["lr"],
+                "dtype": job["dtype"], "target": job["target"], "seed": job["seed"],
+                "loss": "tf.nn.compute_average_loss(per_example, global_batch_size=GB) per "
+                        "replica, gradients SUM-reduced by the optimizer"}
+    validation = Validation("keras", job["factory"], settings, job["tolerance"], fidelity,
+                            compare("synced", ref, synced_trace, kinds),
+                            compare("unsynced", ref, unsynced_trace, kinds), seconds)
+    if task is not None and not task[0]:
+        return {"reporting": False, "exit_code": 0 if validation.passed else 1}
+    return validation.to_json()
+
+
+if __name__ == "__main__":
+    worker_io.worker_main(run)
