@@ -208,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(f"bnfix: {exc}\n")
         return 2
+    except ModuleNotFoundError as exc:
+        if args.command not in EXTRAS_COMMANDS or exc.name is None:
+            raise
+        extra = EXTRAS.get(exc.name.partition(".")[0], "all")
+        sys.stderr.write(f"bnfix {args.command}: needs `{exc.name}`, which is not installed: "
+                         f"pip install \"bnfix[{extra}]\" (check and fix need none of it)\n")
+        return 2
     except BrokenPipeError:
         return 1
     except KeyboardInterrupt:
@@ -219,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
+
+# Commands whose front-ends need the optional frameworks, and the extra that brings each module.
+EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate"})
+EXTRAS = {"torch": "torch", "numpy": "torch", "tensorflow": "tf", "keras": "tf", "h5py": "tf",
+          "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plot"}
 
 INTERRUPTED = ("interrupted: files already fixed are complete, the others are unchanged "
                "(every write is a whole-file rename)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -305,3 +306,32 @@ def test_report_all_syntax_errors(tree):
     assert run.returncode == 1 and run.stdout.startswith("broken.py:1:7: BN900 syntax error")
     (root / "pyproject.toml").write_text("[tool.bnfix]\nreport-all-syntax-errors = true\n")
     assert run_bnfix("check", ".", cwd=root).returncode == 1
+
+
+BLOCK_FRAMEWORKS = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class Missing(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("numpy", "torch", "tensorflow", "keras", "onnx"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Missing())
+from bnfix.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("args", "extra"), [
+    (["inspect", "model.pt"], "torch"),
+    (["convert", "model.keras", "--to", "sync", "-o", "out.keras"], "tf"),
+    (["validate", "torch", "m.py:f", "--input-shape", "2,3"], "torch"),
+])
+def test_commands_without_their_framework_say_which_extra_to_install(tree, args, extra):
+    root = tree({"model.pt": b"\x80\x02}q\x00.", "model.keras": b"PK", "m.py": "def f(): pass\n"})
+    proc = subprocess.run([sys.executable, "-c", BLOCK_FRAMEWORKS, *args], cwd=root,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f'pip install "bnfix[{extra}]"' in proc.stderr
+    assert not (root / "out.keras").exists()
