@@ -1,6 +1,6 @@
 """Benchmark: bnfix check beside `ruff check` and TorchFix on the same files.
 
-    python bench/run.py                              # synthetic corpus (bench/corpus.py)
+    python bench/run.py                              # synthetic corpus (bench/synthetic.py)
     python bench/run.py --files 3000 --skip torchfix
     python bench/run.py --real timm tensor2tensor tf-models-official   # downloaded with pip
     python bench/run.py --installed tensorflow torch keras              # site-packages sources
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import build
+from synthetic import build
 
 # Real trees of ML code that pip can fetch here: (requirement, sdist or wheel)
 REAL = {
