@@ -1,7 +1,17 @@
-"""The findings cache (`.bnfix_cache/`, like ruff's): a file whose size and modification time, or
-content hash, are unchanged since the last run with the same bnfix version, rule book and
-configuration is not analysed again. The cache is plain JSON, never pickle: a cache file that
-came with a repository must not be able to run code."""
+"""The cache (`.bnfix_cache/`, like ruff's): per file, what the last run learnt — its summary
+(for the project index) and its findings, with what they depended on.
+
+A file whose size and modification time (or, after a checkout touched it, content digest) are
+unchanged keeps its summary. Its findings are reused only while its content is unchanged *and*
+the digests of every summary they consulted (its dependency cone) are unchanged: editing a model
+file re-checks the files that use it and nothing else. The key of the cache file covers the
+bnfix version, a digest of bnfix's own lint code and rule book, the enabled rules and the
+targets: a changed rule implementation never serves stale findings.
+
+The cache is plain JSON, never pickle: a cache file that came with a repository cannot run
+code. A malformed entry (or file) is ignored, never trusted. What is stored is what was
+analysed: the file is stat-ed before it is read, so an edit saved during the run is seen as a
+change by the next run."""
 
 from __future__ import annotations
 
@@ -9,15 +19,19 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bnfix import __version__
 from bnfix.engine import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
+from bnfix.source.reader import Skipped, SourceError, read_source
 
 CACHE_DIR = ".bnfix_cache"
-FORMAT = 1
+FORMAT = 2
+MAX_CACHE_BYTES = 512 * 1024 * 1024
+STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
 
 
 def digest(data: bytes) -> str:
@@ -25,8 +39,8 @@ def digest(data: bytes) -> str:
 
 
 def cache_key(rules_digest: str, enabled: frozenset[str], targets: dict[str, tuple[int, ...]]) -> str:
-    """What the cached findings depend on besides the file itself."""
-    parts = [__version__, str(FORMAT), rules_digest, ",".join(sorted(enabled)),
+    """What the cached findings depend on besides the files themselves."""
+    parts = [__version__, str(FORMAT), rules_digest, code_digest(), ",".join(sorted(enabled)),
              json.dumps({k: list(v) for k, v in sorted(targets.items())})]
     return digest("\n".join(parts).encode())
 
@@ -40,13 +54,76 @@ def rules_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+_LINT_CODE = ("source", "checks", "project")
+_LINT_MODULES = ("engine.py", "ir.py", "rulebook.py", "cache.py")
+
+
+def code_digest() -> str:
+    """A digest of the bnfix code that decides findings (the analysis, the rules' logic)."""
+    package = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    paths = [package / name for name in _LINT_MODULES]
+    for folder in _LINT_CODE:
+        paths.extend(sorted((package / folder).glob("*.py")))
+    for path in paths:
+        try:
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+        except OSError:
+            continue
+    return h.hexdigest()
+
+
+@dataclass
+class Findings:
+    ignored: tuple[str, ...]
+    consulted: str  # digest of the summaries of its dependency cone
+    diagnostics: list[dict[str, Any]]
+
+
 @dataclass
 class Entry:
     mtime_ns: int
     size: int
     digest: str
-    ignored: tuple[str, ...]
-    diagnostics: list[dict[str, Any]]
+    context: str  # digest of the file's place in the project (its summary depends on it)
+    relevant: bool
+    summary: str | None  # the summary as JSON text (parsed only when consulted)
+    summary_digest: str | None
+    edges: list[str] | None  # the modules its summary depends on (valid for one scope)
+    checked: str | None  # digest of the name set a non-relevant file was searched for
+    findings: Findings | None
+
+
+def _entry(fields: Any) -> Entry | None:
+    """An entry read back from JSON, or None when its shape is wrong."""
+    try:
+        findings = fields["findings"]
+        entry = Entry(
+            mtime_ns=fields["mtime_ns"], size=fields["size"], digest=fields["digest"],
+            context=fields["context"], relevant=fields["relevant"], summary=fields["summary"],
+            summary_digest=fields["summary_digest"], edges=fields["edges"],
+            checked=fields["checked"],
+            findings=None if findings is None else Findings(
+                tuple(findings["ignored"]), findings["consulted"],
+                list(findings["diagnostics"])),
+        )
+    except (TypeError, KeyError, ValueError):
+        return None
+    types_ok = (isinstance(entry.mtime_ns, int) and isinstance(entry.size, int)
+                and isinstance(entry.digest, str) and isinstance(entry.context, str)
+                and isinstance(entry.relevant, bool)
+                and (entry.summary is None) == (entry.summary_digest is None)
+                and (entry.summary is None or isinstance(entry.summary, str))
+                and (entry.summary_digest is None or isinstance(entry.summary_digest, str))
+                and (entry.edges is None or (isinstance(entry.edges, list)
+                                             and all(isinstance(e, str) for e in entry.edges)))
+                and (entry.checked is None or isinstance(entry.checked, str))
+                and (entry.findings is None or (
+                    all(isinstance(c, str) for c in entry.findings.ignored)
+                    and isinstance(entry.findings.consulted, str)
+                    and all(isinstance(d, dict) for d in entry.findings.diagnostics))))
+    return entry if types_ok else None
 
 
 class Cache:
@@ -55,49 +132,70 @@ class Cache:
         self.path = self.folder / f"{key[:24]}.json"
         self.entries: dict[str, Entry] = {}
         self.changed: dict[str, Entry] = {}
+        self.meta: dict[str, Any] = {}  # `scope`: the project the edges were computed in
         self._load()
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            files = data["files"] if data.get("format") == FORMAT else {}
-            self.entries = {}
-            for name, fields in files.items():
-                entry = Entry(**fields)
-                entry.ignored = tuple(entry.ignored)
+        self.entries = {}
+        try:  # never blocks on a FIFO planted where the cache file goes
+            data = json.loads(read_source(self.path, MAX_CACHE_BYTES).decode("utf-8"))
+        except (SourceError, Skipped, ValueError, RecursionError):
+            return  # no cache yet, or an unreadable one: analyse everything
+        if not isinstance(data, dict) or data.get("format") != FORMAT or \
+                not isinstance(data.get("files"), dict):
+            return
+        meta = data.get("meta")
+        self.meta = {k: v for k, v in meta.items() if isinstance(v, str)} \
+            if isinstance(meta, dict) else {}
+        for name, fields in data["files"].items():
+            entry = _entry(fields)
+            if isinstance(name, str) and entry is not None:
                 self.entries[name] = entry
-        except (OSError, ValueError, KeyError, TypeError):
-            self.entries = {}  # no cache yet, or an unreadable one: analyse everything
 
     @staticmethod
-    def name(path: Path) -> str:
+    def name(path: str | Path) -> str:
         return os.path.abspath(path)  # not realpath: resolving links costs a stat per component
 
-    def lookup(self, path: Path, ignored: frozenset[str]) -> tuple[Entry | None, bool]:
-        """The entry for `path` and whether its size and mtime still match (then the file need
-        not even be read)."""
-        entry = self.entries.get(self.name(path))
-        if entry is None or entry.ignored != tuple(sorted(ignored)):
-            return None, False
+    def get(self, path: str | Path) -> Entry | None:
+        return self.changed.get(self.name(path)) or self.entries.get(self.name(path))
+
+    def fresh(self, path: str | Path, context: str) -> Entry | None:
+        """The entry for `path` when its size and mtime still match (then the file need not
+        even be read) and it was made in the same project context."""
+        entry = self.get(path)
+        if entry is None or entry.context != context:
+            return None
         try:
-            st = path.stat()
+            st = os.stat(path)
         except OSError:
-            return None, False
-        return entry, (st.st_mtime_ns, st.st_size) == (entry.mtime_ns, entry.size)
+            return None
+        return entry if (st.st_mtime_ns, st.st_size) == (entry.mtime_ns, entry.size) else None
 
     @staticmethod
-    def diagnostics(entry: Entry, shown: str) -> list[Diagnostic]:
-        return [diagnostic_from_dict(d, shown) for d in entry.diagnostics]
-
-    def store(self, path: Path, data_digest: str, ignored: frozenset[str],
-              diagnostics: list[Diagnostic]) -> None:
+    def stat(path: str | Path) -> tuple[int, int] | None:
         try:
-            st = path.stat()
+            st = os.stat(path)
         except OSError:
-            return
-        entry = Entry(st.st_mtime_ns, st.st_size, data_digest, tuple(sorted(ignored)),
-                      [diagnostic_to_dict(d) for d in diagnostics])
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def put(self, path: str | Path, entry: Entry) -> None:
         self.changed[self.name(path)] = entry
+
+    def forget(self, path: str | Path) -> None:
+        """Drop what is known of a file (it was rewritten)."""
+        self.changed.pop(self.name(path), None)
+        self.entries.pop(self.name(path), None)
+
+    @staticmethod
+    def diagnostics(findings: Findings, shown: str) -> list[Diagnostic]:
+        return [diagnostic_from_dict(d, shown) for d in findings.diagnostics]
+
+    @staticmethod
+    def findings(ignored: frozenset[str], consulted: str,
+                 diagnostics: list[Diagnostic]) -> Findings:
+        return Findings(tuple(sorted(ignored)), consulted,
+                        [diagnostic_to_dict(d) for d in diagnostics])
 
     def save(self) -> None:
         """Merge this run's entries into the file (another bnfix process, e.g. a parallel
@@ -109,12 +207,38 @@ class Cache:
             ignore = self.folder / ".gitignore"
             if not ignore.exists():
                 ignore.write_text("# created by bnfix\n*\n", encoding="utf-8")
+            self._clean_temporaries()
+            meta = self.meta
             self._load()
+            self.meta = meta
             self.entries.update(self.changed)
-            payload = {"format": FORMAT, "files": {k: vars(v) for k, v in self.entries.items()}}
+            payload = {"format": FORMAT, "meta": self.meta,
+                       "files": {k: _data(v) for k, v in self.entries.items()}}
             fd, tmp = tempfile.mkstemp(prefix=".cache.", dir=self.folder)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(payload, fh, separators=(",", ":"))
-            os.replace(tmp, self.path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(payload, fh, separators=(",", ":"))
+                os.replace(tmp, self.path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
         except OSError:
             return  # a read-only checkout: run without a cache rather than fail
+
+    def _clean_temporaries(self) -> None:
+        """Remove temporary files that killed runs left behind."""
+        now = time.time()
+        for path in self.folder.glob(".cache.*"):
+            try:
+                if now - path.lstat().st_mtime > STALE_TEMP_SECONDS:
+                    path.unlink()
+            except OSError:
+                continue
+
+
+def _data(entry: Entry) -> dict[str, Any]:
+    out = dict(vars(entry))
+    if entry.findings is not None:
+        out["findings"] = vars(entry.findings)
+    return out

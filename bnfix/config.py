@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bnfix.rulebook import RuleBook, RuleBookError, tomllib
+from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES
 
 KNOWN_KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
@@ -36,6 +37,7 @@ class Settings:
     respect_gitignore: bool = True
     target_tensorflow: tuple[int, ...] = CURRENT_TENSORFLOW
     all_syntax_errors: bool = False
+    max_file_size: int = DEFAULT_MAX_FILE_BYTES
 
     @property
     def targets(self) -> dict[str, tuple[int, ...]]:

@@ -9,19 +9,34 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bnfix.checks import ENGINE_CODES, Check, registry
 from bnfix.config import CURRENT_TENSORFLOW
 from bnfix.ir import Applicability, Edit, Finding, Fix, Pos, Span
-from bnfix.rulebook import RuleBook
+from bnfix.rulebook import ApiSpec, RuleBook
 from bnfix.source.reader import SourceError, decode, parse
 from bnfix.source.text import SourceText
 from bnfix.source.writer import apply_fixes, final_check, lower
+
+if TYPE_CHECKING:
+    from bnfix.ir import ModuleIR
+    from bnfix.project.session import FileProject
+    from bnfix.project.summary import ModuleSummary
+    from bnfix.source.imports import ModuleContext
+    from bnfix.source.resolve import Resolver
 
 MAX_FIX_PASSES = 10
 # A rule trigger that stands for the BN API names of the catalogue (`@bn-apis:tensorflow`:
 # those of one framework): a file that mentions none of them cannot hold a BN site.
 BN_APIS = "@bn-apis"
+
+
+@dataclass(frozen=True)
+class RelatedLocation:
+    path: str
+    span: Span
+    message: str
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,7 @@ class Diagnostic:
     fix: Fix | None
     url: str
     snippet: tuple[tuple[int, str], ...] = ()  # (row, text) around the span, for display
+    related: tuple[RelatedLocation, ...] = ()
 
     @property
     def fixable(self) -> bool:
@@ -69,20 +85,57 @@ def is_test_module(path: str) -> bool:
         any(part in ("tests", "test", "testing") for part in parts[:-1])
 
 
-def _minimal_words(words: tuple[str, ...]) -> tuple[str, ...]:
-    """Drop words that contain a shorter word of the set: one substring test covers them."""
-    ordered = sorted(set(words), key=len)
-    kept: list[str] = []
-    for word in ordered:
-        if not any(k in word for k in kept):
-            kept.append(word)
-    return tuple(kept)
-
-
 def _snippet(source: SourceText, span: Span) -> tuple[tuple[int, str], ...]:
     first = max(1, span.start.row - 1)
     last = min(source.row_count, span.end.row + 1, first + 7)
     return tuple((row, source.line(row)) for row in range(first, last + 1))
+
+
+class Triggers:
+    """Which rules a text can concern, from one search per distinct trigger word: words that
+    contain a shorter trigger word (`SyncBatchNorm` holds `BatchNorm`) are only searched in
+    texts that hold the shorter one."""
+
+    def __init__(self, by_code: dict[str, tuple[str, ...]]) -> None:
+        self.always = frozenset(code for code, words in by_code.items() if not words)
+        self.codes: dict[str, set[str]] = {}
+        for code, words in by_code.items():
+            for word in words:
+                self.codes.setdefault(word, set()).add(code)
+        ordered = sorted(self.codes, key=len)
+        self.children: dict[str, list[str]] = {}
+        self.roots: list[str] = []
+        for word in ordered:
+            parent = next((p for p in reversed(ordered[:ordered.index(word)]) if p in word), None)
+            if parent is None:
+                self.roots.append(word)
+            else:
+                self.children.setdefault(parent, []).append(word)
+
+    def words(self, text: str) -> set[str]:
+        found: set[str] = set()
+        stack = [w for w in self.roots if w in text]
+        while stack:
+            word = stack.pop()
+            found.add(word)
+            stack.extend(w for w in self.children.get(word, ()) if w in text)
+        return found
+
+    def relevant(self, text: str) -> set[str]:
+        out = set(self.always)
+        for word in self.words(text):
+            out |= self.codes[word]
+        return out
+
+
+@dataclass
+class Lifted:
+    """A parsed, walked and resolved module (kept between the project's two passes)."""
+
+    source: SourceText
+    module: ModuleIR
+    resolver: Resolver
+    text_digest: str
 
 
 class Engine:
@@ -95,7 +148,7 @@ class Engine:
         self.all_syntax_errors = all_syntax_errors
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
-        self.triggers: dict[str, tuple[str, ...]] = {}
+        by_code: dict[str, tuple[str, ...]] = {}
         for code in sorted(enabled - ENGINE_CODES):
             words: list[str] = []
             for trigger in book.rules[code].triggers:
@@ -104,7 +157,15 @@ class Engine:
                     words.extend(book.catalogue.trigger_words(framework))
                 else:
                     words.append(trigger)
-            self.triggers[code] = _minimal_words(tuple(words)) if words else ()
+            by_code[code] = tuple(sorted(set(words)))
+        self.triggers = Triggers(by_code)
+        # rules that can fire on what other files of the project say (checked in a file that
+        # calls or is called by BN code elsewhere, whatever its own words)
+        self.project_codes = frozenset(c for c in enabled if book.rules[c].project)
+
+    @cached_property
+    def catalogue_ids(self) -> dict[str, ApiSpec]:
+        return {spec.id: spec for spec in self.book.catalogue.apis.values()}
 
     @cached_property
     def checks(self) -> dict[str, Check]:
@@ -115,36 +176,56 @@ class Engine:
 
     # -- analysis --------------------------------------------------------------------------
 
-    def _relevant(self, text: str, ignored: frozenset[str]) -> list[str]:
-        return [
-            code for code, words in self.triggers.items()
-            if code not in ignored and (not words or any(w in text for w in words))
-        ]
-
-    def diagnose(self, text: str, path: str, ignored: frozenset[str] = frozenset()) -> list[Diagnostic]:
-        """All diagnostics of one source text (no suppressed ones)."""
+    def relevant(self, text: str, path: str, ignored: frozenset[str] = frozenset()) -> set[str]:
+        """The enabled rules this text can concern (by its words)."""
         if is_test_module(path):
             ignored = ignored | self.not_in_tests
-        codes = self._relevant(text, ignored)
-        if not codes and not self.all_syntax_errors:
+        return self.triggers.relevant(text) - ignored - ENGINE_CODES
+
+    def lift(self, text: str, path: str, context: ModuleContext | None = None) -> Lifted:
+        """Parse, walk and resolve (raises SourceError for BN900)."""
+        from bnfix.source import lift as lifting
+
+        tree = parse(text, path)
+        source = SourceText(text)
+        resolver, module = lifting.lift_with_resolver(source, tree, path, self.book.catalogue,
+                                                      context)
+        module.targets = self.targets
+        return Lifted(source, module, resolver, hashlib.sha256(text.encode()).hexdigest())
+
+    def diagnose(self, text: str, path: str, ignored: frozenset[str] = frozenset(),
+                 project: FileProject | None = None, lifted: Lifted | None = None) -> list[Diagnostic]:
+        """All diagnostics of one source text (no suppressed ones). With `project`, the
+        file is seen as part of its project (what other files' summaries say about it)."""
+        codes = self.relevant(text, path, ignored)
+        if not codes and project is None and not self.all_syntax_errors:
             return []
-        try:
-            tree = parse(text, path)
-        except SourceError as exc:
-            return self._error(path, exc, ignored)
+        if lifted is None or lifted.text_digest != hashlib.sha256(text.encode()).hexdigest():
+            try:
+                lifted = self.lift(text, path, project.context if project else None)
+            except SourceError as exc:
+                return self._error(path, exc, ignored)
+        module = lifted.module
+        if project is not None:
+            project.attach(lifted, self.catalogue_ids)
+            if module.reached_sites or any(
+                    site.where for f in module.functions for site in f.call_sites):
+                extra = self.project_codes - ignored
+                if is_test_module(path):
+                    extra -= self.not_in_tests
+                codes |= extra
         if not codes:
             return []
-        from bnfix.source import lift as lifting
-        from bnfix.source.noqa import Suppressions
-
-        source = SourceText(text)
-        module = lifting.lift(source, tree, path, self.book.catalogue)
-        module.targets = self.targets
         findings: list[Finding] = []
-        for code in codes:
-            findings.extend(self.checks[code](module))
+        for code in sorted(codes):
+            check = self.checks.get(code)
+            if check is not None:
+                findings.extend(check(module))
         if not findings:
             return []
+        from bnfix.source.noqa import Suppressions
+
+        source = lifted.source
         suppressions = Suppressions.scan(source)
         out = []
         for f in sorted(findings, key=lambda f: (f.span.start, f.code)):
@@ -152,9 +233,16 @@ class Engine:
                 continue
             fix = lower(f.fix, source) if f.fix is not None else None
             rule = self.book.rules[f.code]
+            related = tuple(RelatedLocation(r.path or path, r.span, r.message) for r in f.related)
             out.append(Diagnostic(path, f.code, rule.name, f.span, f.message, fix, rule.url,
-                                  _snippet(source, f.span)))
+                                  _snippet(source, f.span), related))
         return out
+
+    def summarize(self, lifted: Lifted, module_id: str, import_name: str,
+                  path: str) -> ModuleSummary:
+        from bnfix.project.summarize import Summarizer
+
+        return Summarizer(lifted.resolver, lifted.module, module_id, import_name, path).summary()
 
     def _error(self, path: str, exc: SourceError, ignored: frozenset[str]) -> list[Diagnostic]:
         if exc.code not in self.enabled or exc.code in ignored:
@@ -166,10 +254,11 @@ class Engine:
     # -- fixing ----------------------------------------------------------------------------
 
     def fix_text(self, text: str, path: str, unsafe: bool,
-                 ignored: frozenset[str] = frozenset()) -> FileResult:
+                 ignored: frozenset[str] = frozenset(), project: FileProject | None = None,
+                 lifted: Lifted | None = None) -> FileResult:
         """Apply fixes until none applies; the result holds the remaining diagnostics."""
         result = FileResult(path)
-        diagnostics = self.diagnose(text, path, ignored)
+        diagnostics = self.diagnose(text, path, ignored, project, lifted)
         current = text
         for _ in range(MAX_FIX_PASSES):
             todo = [d for d in diagnostics if d.fixable and (
@@ -187,7 +276,7 @@ class Engine:
                 break
             result.fixed.extend(todo[i] for i in applied.applied)
             current = applied.text
-            diagnostics = self.diagnose(current, path, ignored)
+            diagnostics = self.diagnose(current, path, ignored, project)
         if current != text:
             problem = final_check(current)
             if problem is not None:  # CPython accepted every pass; LibCST does not: write nothing
@@ -195,7 +284,7 @@ class Engine:
                                     f"({problem})")
                 result.fixed = []
                 current = text
-                diagnostics = self.diagnose(text, path, ignored)
+                diagnostics = self.diagnose(text, path, ignored, project, lifted)
         result.diagnostics = diagnostics
         if current != text:
             result.original, result.new_text = text, current

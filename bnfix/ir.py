@@ -7,6 +7,7 @@ knows how the records were produced.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -102,11 +103,29 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Related:
+    """Another place a finding depends on (`path` None: the finding's own file)."""
+
+    path: str | None
+    span: Span
+    message: str
+
+
+@dataclass(frozen=True)
 class Finding:
     code: str
     span: Span
     message: str
     fix: Fix | None = None
+    related: tuple[Related, ...] = ()
+
+
+def shown_path(path: str) -> str:
+    """A path as messages show it: relative to the working folder when it is below it."""
+    if not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,11 +134,19 @@ class Finding:
 
 @dataclass(frozen=True)
 class Const:
-    """A literal (after following module constants and single local assignments)."""
+    """A literal (after following module constants and single local assignments). `where` is
+    the file `span` is in when that is not the module being checked (a wrapper's default in
+    another file of the project)."""
 
     value: object
     text: str
     span: Span | None
+    where: str | None = None
+
+    @property
+    def local(self) -> bool:
+        """Written in the module being checked (so a fix can edit it)."""
+        return self.where is None and self.span is not None
 
 
 @dataclass(frozen=True)
@@ -130,6 +157,7 @@ class Unknown:
     span: Span | None
     qualname: str | None = None  # a dotted name resolved through imports (`tf.GraphKeys.X`)
     type: str | None = None  # what the expression is known to be: "str" for formatting
+    where: str | None = None  # the file `span` is in, when not the module being checked
 
 
 @dataclass(frozen=True)
@@ -155,12 +183,16 @@ class Param:
 
 @dataclass
 class CallSite:
-    """A call of a module-local function: what it passes for each parameter."""
+    """A call of a function: what it passes for each parameter. A call made in another file
+    of the project has `where` set (its spans are in that file: never edited from here) and
+    `tags` saying where it sits there (`tower`, `strategy`, `no_grad`)."""
 
     span: Span
     args: dict[str, Value]
     call: CallInfo
     caller: FunctionInfo | None
+    where: str | None = None
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(eq=False)
@@ -176,6 +208,7 @@ class FunctionInfo:
     training_flag: str | None = None  # a parameter that carries the train/eval switch
     body: Block | None = None  # its statements after the docstring (None for one-liners)
     callers_eval: frozenset[str] = frozenset()  # params every caller put in eval mode first
+    where: str | None = None  # the file it is defined in, when not the module being checked
 
     def param_value(self, site: CallSite, name: str) -> Value | None:
         """What `site` binds to parameter `name`: the passed value or the default."""
@@ -295,9 +328,30 @@ class LayerCall:
     call: CallInfo
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a BN reached through first-party calls is built: its file and span, and the calls
+    that lead there from the module being checked (file, span, callee)."""
+
+    path: str
+    span: Span
+    via: tuple[tuple[str, Span, str], ...] = ()
+
+    def describe(self) -> str:
+        """`models/layers.py:12, reached through `Net` -> `conv_bn``"""
+        chain = " -> ".join(f"`{callee.rsplit('.', 1)[-1]}`" for _, _, callee in self.via)
+        return f"{shown_path(self.path)}:{self.span.start.row}" + (
+            f", reached through {chain}" if chain else "")
+
+
 @dataclass
 class BNSite:
-    """One BatchNorm construction or call, resolved against the API catalogue."""
+    """One BatchNorm construction or call, resolved against the API catalogue.
+
+    A site with an `origin` is built in another file of the project and reached from this
+    module through a first-party call: `call` is that call here, `function` the function
+    making it, `bound` the BN's arguments as that call determines them, and `settable` the
+    parameter of the called function through which a BN argument could be passed."""
 
     api: ApiRef
     qualname: str
@@ -307,6 +361,9 @@ class BNSite:
     instance_calls: list[LayerCall] = field(default_factory=list)
     unpacked: bool = False  # *args / **kwargs at the call: more arguments than are known
     written: str = ""  # the qualified name as imported (`tensorflow.contrib.slim.batch_norm`)
+    origin: Origin | None = None
+    bound: dict[str, Value] = field(default_factory=dict)
+    settable: dict[str, str] = field(default_factory=dict)
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -321,6 +378,8 @@ class BNSite:
         arg = self.args.get(canonical)
         if arg is not None:
             return arg.value
+        if canonical in self.bound:
+            return self.bound[canonical]
         if canonical in self.api.defaults:
             default = self.api.defaults[canonical]
             return Const(default, repr(default), None)
@@ -666,6 +725,7 @@ class ModuleIR:
     mode_calls: list[ModeCall] = field(default_factory=list)
     freeze_calls: list[FreezeCall] = field(default_factory=list)
     freezing_trains: frozenset[str] = frozenset()  # classes whose train() re-applies a freeze
+    freezers: frozenset[str] = frozenset()  # qualnames of the functions that freeze BN
     shadowed_methods: list[ShadowedMethod] = field(default_factory=list)
     param_freezes: list[ParamFreeze] = field(default_factory=list)
     model_steps: list[ModelStep] = field(default_factory=list)
@@ -678,6 +738,14 @@ class ModuleIR:
     names_in_use: frozenset[str] = frozenset()
     tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)
     targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # framework -> version
+    # The project (empty when the file is checked alone): BN built in other files that this
+    # module's calls reach, and facts the summaries of other files state about this one.
+    reached_sites: list[BNSite] = field(default_factory=list)
+    project_notes: list[str] = field(default_factory=list)  # where cross-file analysis gave up
+
+    def all_bn_sites(self) -> list[BNSite]:
+        """BN built here and BN built elsewhere by the first-party code this module calls."""
+        return [*self.bn_sites, *self.reached_sites]
 
     def spell(self, qualname: str) -> str | None:
         """`qualname` written with this module's imports (`tensorflow.compat.v1.layers.x` ->

@@ -4,12 +4,10 @@ when the tree is large), write fixes atomically, report, and choose the exit cod
 from __future__ import annotations
 
 import contextlib
-import itertools
+import functools
 import os
-import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -17,13 +15,11 @@ from typing import TextIO
 from bnfix.cache import Cache, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
-from bnfix.files import Candidate, discover
-from bnfix.ir import Applicability
+from bnfix.files import discover
+from bnfix.project.runner import ProjectRunner
+from bnfix.project.session import project_root
 from bnfix.report import formats
 from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook, rules_root
-
-PARALLEL_THRESHOLD = 64  # below this many files one process is faster than starting workers
-CHUNK = 16
 
 
 @dataclass
@@ -46,6 +42,7 @@ class LintOptions:
     progress: bool | None = None  # None = when stderr is a terminal
     cache: bool = True  # read and write .bnfix_cache/
     all_syntax_errors: bool = False  # parse every file for BN900, not only those rules read
+    project: bool = True  # analyse the whole project (else only the files given)
 
 
 class UsageError(Exception):
@@ -84,145 +81,12 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
 
 # -- running over files -------------------------------------------------------------------
 
-_WORKER: Engine | None = None
-
-
-def _init_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]],
-                 all_syntax: bool) -> None:
-    """A worker: the parent handles Ctrl-C and SIGTERM (and stops the workers itself)."""
-    global _WORKER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _WORKER = Engine(load_rulebook(), enabled, targets, all_syntax)
-
-
-def _run_chunk(items: list[tuple[str, frozenset[str], str | None]], fix: bool,
-               unsafe: bool) -> list[FileResult]:
-    assert _WORKER is not None
-    return [_WORKER.run_file(Path(p), fix=fix, unsafe=unsafe, ignored=ign, known=known)
-            for p, ign, known in items]
-
 
 def default_jobs() -> int:
     """Processes to use: one under pre-commit (it runs hooks in parallel itself)."""
     if os.environ.get("PRE_COMMIT") == "1":
         return 1
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-@dataclass
-class _Task:
-    path: Path
-    ignored: frozenset[str]
-    known: str | None = None  # the cached content digest: skip analysis if it still matches
-    hit: list[Diagnostic] | None = None  # cached findings, valid without reading the file
-
-
-def _has_fixes(diagnostics: list[Diagnostic], unsafe: bool) -> bool:
-    return any(d.fixable and (unsafe or d.fix.applicability is Applicability.SAFE)  # type: ignore[union-attr]
-               for d in diagnostics)
-
-
-def _task(candidate: Candidate, settings: Settings, book: RuleBook, cache: Cache | None,
-          fix: bool, unsafe: bool) -> _Task:
-    ignored = settings.ignored_for(candidate.path, book)
-    task = _Task(candidate.path, ignored)
-    if cache is None:
-        return task
-    entry, fresh = cache.lookup(candidate.path, ignored)
-    if entry is None:
-        return task
-    cached = Cache.diagnostics(entry, str(candidate.path))
-    if fix and _has_fixes(cached, unsafe):
-        return task  # there is something to fix: run it
-    if fresh:
-        task.hit = cached
-    else:
-        task.known = entry.digest
-    return task
-
-
-def run_files(engine: Engine, settings: Settings, candidates: Iterable[Candidate], *, fix: bool,
-              unsafe: bool, jobs: int | None, cache: Cache | None = None) -> Iterator[FileResult]:
-    """FileResults for the candidates: cached ones first-hand, the rest analysed, in `jobs`
-    processes when there are many."""
-    tasks = (_task(c, settings, engine.book, cache, fix, unsafe) for c in candidates)
-    head: list[_Task] = []
-    for task in tasks:  # yield cache hits; gather enough misses to decide on workers
-        if task.hit is not None:
-            yield _cached(task, cache)
-            continue
-        head.append(task)
-        if len(head) >= PARALLEL_THRESHOLD:
-            break
-    workers = default_jobs() if jobs is None else jobs
-    if workers <= 1 or len(head) < PARALLEL_THRESHOLD:
-        for task in itertools.chain(head, tasks):
-            if task.hit is not None:
-                yield _cached(task, cache)
-            else:
-                result = engine.run_file(task.path, fix=fix, unsafe=unsafe, ignored=task.ignored,
-                                         known=task.known)
-                yield _complete(result, task, cache)
-        return
-    import multiprocessing  # only for large trees: 20 ms to import
-
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = multiprocessing.get_context(method).Pool(
-        workers, initializer=_init_worker,
-        initargs=(engine.enabled, engine.targets, engine.all_syntax_errors))
-    queued: list[list[_Task]] = []
-
-    def chunks() -> Iterator[list[tuple[str, frozenset[str], str | None]]]:
-        chunk: list[_Task] = []
-        for task in itertools.chain(head, tasks):
-            if task.hit is not None:
-                hits.append(task)
-                continue
-            chunk.append(task)
-            if len(chunk) >= CHUNK:
-                queued.append(chunk)
-                yield [(str(t.path), t.ignored, t.known) for t in chunk]
-                chunk = []
-        if chunk:
-            queued.append(chunk)
-            yield [(str(t.path), t.ignored, t.known) for t in chunk]
-
-    hits: list[_Task] = []
-    finished = False
-    try:
-        for results in pool.imap(_run_chunk_args, ((c, fix, unsafe) for c in chunks())):
-            while hits:
-                yield _cached(hits.pop(0), cache)
-            yield from map(lambda r, t: _complete(r, t, cache), results, queued.pop(0))
-        while hits:
-            yield _cached(hits.pop(0), cache)
-        finished = True
-    finally:
-        if finished:
-            pool.close()
-        else:  # interrupted: stop the workers now (they never write files)
-            pool.terminate()
-        pool.join()
-
-
-def _run_chunk_args(args: tuple[list[tuple[str, frozenset[str], str | None]], bool, bool]
-                    ) -> list[FileResult]:
-    return _run_chunk(*args)
-
-
-def _cached(task: _Task, cache: Cache | None) -> FileResult:
-    return FileResult(str(task.path), list(task.hit or ()), ignored=task.ignored, unchanged=True)
-
-
-def _complete(result: FileResult, task: _Task, cache: Cache | None) -> FileResult:
-    """A worker's result with the cached findings filled in when the content was unchanged."""
-    result.ignored = task.ignored
-    if result.unchanged and cache is not None:
-        entry, _ = cache.lookup(task.path, task.ignored)
-        if entry is not None:
-            result.diagnostics = Cache.diagnostics(entry, str(task.path))
-    return result
 
 
 class _Progress:
@@ -250,14 +114,13 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     for path in paths:
         if not path.exists() and not path.is_symlink():
             raise UsageError(f"{path}: no such file or directory")
-    candidates = discover(
-        paths,
-        root=settings.root,
-        exclude=settings.exclude,
-        extend_exclude=settings.extend_exclude,
-        respect_gitignore=settings.respect_gitignore,
-        force_exclude=options.force_exclude,
-    )
+    walk = functools.partial(discover, root=settings.root, exclude=settings.exclude,
+                             extend_exclude=settings.extend_exclude,
+                             respect_gitignore=settings.respect_gitignore)
+    reported = [(str(c.path), settings.ignored_for(c.path, engine.book))
+                for c in walk(paths, force_exclude=options.force_exclude)]
+    root = project_root(paths, settings.root if settings.source is not None else None)
+    scope = [str(c.path) for c in walk([root])] if options.project else []
     show = options.progress if options.progress is not None else stderr.isatty()
     progress = _Progress(stderr, show)
     outcome = Outcome([], [], 0, [], [])
@@ -265,10 +128,13 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     cache = None
     if options.cache:
         key = cache_key(rules_digest(rules_root()), engine.enabled,
-                        {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),)})
+                        {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
+                         "project": (int(options.project),)})
         cache = Cache(settings.root, key)
-    stream = run_files(engine, settings, candidates, fix=fixing, unsafe=options.unsafe_fixes,
-                       jobs=options.jobs, cache=cache)
+    runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=options.unsafe_fixes,
+                           jobs=default_jobs() if options.jobs is None else options.jobs,
+                           max_bytes=settings.max_file_size)
+    stream = runner.run(reported, scope, root)
     with contextlib.closing(stream):  # closed at once on Ctrl-C: the workers stop with it
         for result in stream:
             progress.tick()
@@ -288,10 +154,8 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
                         result.fixed = []
                     else:
                         outcome.changed.append(result)
-            if cache is not None and not result.unchanged and not options.diff:
-                content = written if written is not None else result.digest
-                if content is not None and not any(d.code == "BN901" for d in result.diagnostics):
-                    cache.store(Path(result.path), content, result.ignored, result.diagnostics)
+            if cache is not None and written is not None:
+                cache.forget(result.path)  # its summary was of the text before the fixes
             outcome.fixed += len(result.fixed)
             outcome.remaining.extend(result.diagnostics)
             if result.diagnostics or result.changed:
@@ -300,6 +164,7 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
                 result.new_text = result.new_text if options.diff else None
                 outcome.results.append(result)
     progress.done()
+    outcome.errors.extend(runner.notes)
     if cache is not None:
         cache.save()
     outcome.remaining.sort(key=lambda d: (d.path, d.span.start, d.code))

@@ -72,6 +72,8 @@ class Rule:
     examples: tuple[Example, ...]
     path: Path
     target: str = "source"
+    project: bool = False  # also fires on what other files of the project say about a file
+    default: bool = True  # on unless deselected (False: opt-in, e.g. style and cost rules)
 
     @property
     def url(self) -> str:
@@ -314,7 +316,16 @@ def _load_rule(path: Path) -> Rule:
         examples=tuple(examples),
         path=path,
         target=target,
+        project=_flag(data, "project", False, path),
+        default=_flag(data, "default", True, path),
     )
+
+
+def _flag(data: dict[str, Any], key: str, default: bool, path: Path) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise RuleBookError(f"{path}: `{key}` must be true or false")
+    return value
 
 
 def _artifact_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Example:

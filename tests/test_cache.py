@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conftest import run_bnfix
 
+from bnfix.cache import FORMAT
 from bnfix.lint import LintOptions, lint_paths, prepare
 
 BUGGY = "import torch.nn as nn\nbn = nn.BatchNorm2d(8, momentum=0.9)\n"
@@ -62,7 +63,7 @@ def test_a_corrupt_or_hostile_cache_is_ignored(tree):
     _lint(root)
     (cache_file,) = (root / ".bnfix_cache").glob("*.json")
     data = json.loads(cache_file.read_text())
-    assert data["format"] == 1 and set(data["files"]) == {os.path.realpath(root / "a.py")}
+    assert data["format"] == FORMAT and set(data["files"]) == {os.path.realpath(root / "a.py")}
     cache_file.write_bytes(b"\x80\x04\x95 not json: a pickle would run code here")
     assert [d.code for d in _lint(root).remaining] == ["BN008"]
     cache_file.write_text('{"format": 1, "files": {"x": {"bogus": 1}}}')

@@ -14,6 +14,7 @@ from bnfix.ir import (
     Binding,
     BNSite,
     CallInfo,
+    CallSite,
     CollectionGet,
     Const,
     Edit,
@@ -24,7 +25,9 @@ from bnfix.ir import (
     GradientSum,
     ModuleIR,
     Pos,
+    Related,
     Span,
+    shown_path,
     TowerLoop,
     TrainOp,
     Value,
@@ -87,37 +90,78 @@ def training_mode(site: BNSite) -> bool:
 
 @check("BN001")
 def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
-    for site in module.bn_sites:
+    for site in module.all_bn_sites():
         if site.api.trainable_semantics != "affine":
             continue
         contexts = list(_contexts(site))
         bad = [c for c in contexts if is_const(c.trainable, False) and not is_const(c.training, False)]
         if not bad:
             continue
+        literal = bad[0].trainable
+        assert isinstance(literal, Const)
+        if literal.where is not None:
+            continue  # the `False` is written in another file: reported there
         frozen = [c for c in contexts if is_const(c.trainable, False) and is_const(c.training, False)]
         first = bad[0]
-        literal = first.trainable
-        assert isinstance(literal, Const)
-        origin = ""
         direct = site.args.get("trainable")
-        if literal.span is not None and (direct is None or literal.span != direct.value.span):
+        origin = ""
+        if literal.span is not None and (direct is None or literal.span != direct.value.span) \
+                and not (site.origin is not None and _within(literal.span, site.call.span)):
             origin = f" (the `False` comes from {_row(literal.span)})"
         mode = _describe(first.training)
         site_row = first.binding.innermost_site
-        where = f" at the call on line {site_row.span.start.row}" if site_row else ""
+        where = f" at the call {_call_place(site_row)}" if site_row else ""
+        built = f"`{site.call.callee}`" if site.origin is None else _reached(site)
         message = (
-            f"`{site.call.callee}` is built with `trainable=False`{origin} but runs in training "
+            f"{built} is built with `trainable=False`{origin} but runs in training "
             f"mode (training is {mode}{where}): gamma and beta never train and stay at 1 and 0"
         )
-        span = direct.span if direct is not None else site.span
-        yield Finding("BN001", span, message, _bn001_fix(site, bad, frozen))
+        if site.origin is None:
+            span = direct.span if direct is not None else site.span
+        else:
+            span = literal.span if literal.span is not None and _within(literal.span, site.call.span) \
+                else site.call.span
+        related = [*_origin_related(site), *(_call_related(c.binding.innermost_site, "runs it in training mode")
+                                             for c in bad[:1] if c.binding.innermost_site is not None
+                                             and c.binding.innermost_site.where)]
+        yield Finding("BN001", span, message, _bn001_fix(site, bad, frozen), tuple(related))
+
+
+def _reached(site: BNSite) -> str:
+    """How a message names a BN built in another file: `tensorflow.layers.batch_normalization`
+    (models/layers.py:6, reached through `Net` -> `conv_bn`)."""
+    assert site.origin is not None
+    return f"`{site.qualname}` ({site.origin.describe()})"
+
+
+def _within(inner: Span, outer: Span) -> bool:
+    return outer.start <= inner.start and inner.end <= outer.end
+
+
+def _call_place(site: CallSite) -> str:
+    """`on line 12`, or `in train.py:12` for a call made in another file."""
+    if site.where:
+        return f"in {shown_path(site.where)}:{site.span.start.row}"
+    return f"on line {site.span.start.row}"
+
+
+def _call_related(site: CallSite, what: str) -> Related:
+    return Related(site.where, site.span, f"`{site.call.callee}` {what}")
+
+
+def _origin_related(site: BNSite) -> list[Related]:
+    if site.origin is None:
+        return []
+    return [Related(site.origin.path, site.origin.span, f"the BatchNorm `{site.qualname}` is built here")]
 
 
 def _bn001_fix(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Fix:
-    spans = {c.trainable.span for c in bad if isinstance(c.trainable, Const) and c.trainable.span}
-    shared = {c.trainable.span for c in frozen if isinstance(c.trainable, Const)} & spans
-    if spans and not shared:
-        edits = tuple(Edit(span, "True") for span in sorted(spans))
+    spans = {c.trainable.span for c in bad if isinstance(c.trainable, Const) and c.trainable.local}
+    shared = {c.trainable.span for c in frozen if isinstance(c.trainable, Const)
+              and c.trainable.local} & spans
+    if spans and not shared and all(isinstance(c.trainable, Const) and c.trainable.local
+                                    for c in bad):
+        edits = tuple(Edit(span, "True") for span in sorted(spans))  # type: ignore[type-var]
         return Fix(UNSAFE, "Set `trainable=True` so gamma and beta train", edits)
     # The same literal also freezes a BN that is in inference mode on purpose: pass
     # trainable=True at the training call sites instead of changing the shared default.
@@ -126,10 +170,16 @@ def _bn001_fix(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Fix
         edits = []
         for c in bad:
             call_site = c.binding.innermost_site
-            if call_site is None or raw.name in call_site.args:
-                return Fix(DISPLAY, "Pass `trainable=True` where this BN trains", ())
+            if call_site is None or raw.name in call_site.args or call_site.where:
+                places = ", ".join(sorted({_call_place(c.binding.innermost_site) for c in bad
+                                           if c.binding.innermost_site is not None}))
+                return Fix(DISPLAY, f"Pass `{raw.name}=True` where this BN trains ({places})", ())
             edits.append(_add_keyword(call_site.call, f"{raw.name}=True"))
         return Fix(UNSAFE, f"Pass `{raw.name}=True` at the call sites that train", tuple(edits))
+    if site.origin is not None and "trainable" in site.settable and not site.unpacked:
+        keyword = f"{site.settable['trainable']}=True"
+        return Fix(UNSAFE, f"Pass `{keyword}` here so gamma and beta train",
+                   (_add_keyword(site.call, keyword),))
     return Fix(DISPLAY, "Pass `trainable=True` where this BN trains", ())
 
 

@@ -1,39 +1,76 @@
 """Import analysis: which module or object each local name is bound to, so that
 `tf.layers.batch_normalization`, `tf1.layers.batch_normalization` and `BN` resolve to the same
-qualified name whatever the import style. Relative imports are the user's own code and resolve
-to nothing."""
+qualified name whatever the import style.
+
+Relative imports are the user's own code: alone (one file, no project) they resolve to
+nothing; inside a project (`ModuleContext`) they resolve to absolute dotted names from the
+module's package, and imports of the project's own top-level names are marked first-party, so
+the project index can follow calls into other files."""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModuleContext:
+    """Where a file sits in its project: its import name, whether it is a package
+    (`__init__.py`), and the top-level names that are the project's own."""
+
+    import_name: str
+    package: bool
+    first_party: frozenset[str]
+
+    def absolute(self, level: int, module: str | None) -> str | None:
+        """`from ..models import x` -> the absolute dotted module it names."""
+        package = self.import_name.split(".")
+        if not self.package:
+            package = package[:-1]
+        if level - 1 > len(package):
+            return None
+        base = package[: len(package) - (level - 1)]
+        if module:
+            base = [*base, *module.split(".")]
+        return ".".join(base) or None
 
 
 class ImportTable:
-    def __init__(self) -> None:
+    def __init__(self, context: ModuleContext | None = None) -> None:
         self._names: dict[str, str] = {}
+        self.context = context
+        self.star: list[str] = []  # modules whose names `from m import *` binds
 
     def add(self, node: ast.Import | ast.ImportFrom) -> None:
         """Record the bindings of one import statement (later bindings win, as at run time)."""
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
-                    self._names[alias.asname] = alias.name
+                    self._set(alias.asname, alias.name)
                 else:
                     top = alias.name.split(".", 1)[0]
-                    self._names[top] = top
+                    self._set(top, top)
             return
-        if node.level or not node.module:
+        module = node.module
+        if node.level:
+            module = self.context.absolute(node.level, node.module) if self.context else None
+        if not module:
             for alias in node.names:
                 self._names.pop(alias.asname or alias.name, None)
             return
         for alias in node.names:
             if alias.name == "*":
+                if (node.level or self.first_party(module)) and module not in self.star:
+                    self.star.append(module)
                 continue
-            self._names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            self._set(alias.asname or alias.name, f"{module}.{alias.name}")
+
+    def _set(self, local: str, target: str) -> None:
+        self._names[local] = target
 
     def bind(self, name: str, qualname: str) -> None:
         """`name = tf.contrib.slim`: the name now stands for that qualified name."""
-        self._names[name] = qualname
+        self._set(name, qualname)
 
     def qualname(self, node: ast.expr) -> str | None:
         """`tf.compat.v1.layers.batch_normalization` -> its qualified name, if the base is an
@@ -49,6 +86,13 @@ class ImportTable:
             return None
         parts.append(base)
         return ".".join(reversed(parts))
+
+    def first_party(self, qualname: str) -> bool:
+        """A name of the project's own code (a relative import, or a top-level name that a
+        project file or folder has)."""
+        if self.context is None:
+            return False
+        return qualname.split(".", 1)[0] in self.context.first_party
 
     def alias_of(self, module: str) -> str | None:
         """The local name bound exactly to `module`, if any."""

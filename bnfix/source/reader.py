@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import re
+import stat
 import sys
 import tokenize
 from dataclasses import dataclass
@@ -91,3 +93,44 @@ def python2_hint(message: str, line: str) -> str | None:
         if pattern.search(code):
             return what
     return None
+
+
+DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024  # larger "source" files are generated data
+
+
+class Skipped(Exception):
+    """A file bnfix does not analyse on purpose (too large): one line, not a finding."""
+
+
+def read_source(path: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file. FIFOs, devices and sockets (also behind a symlink) are
+    refused without blocking — the descriptor is opened non-blocking and checked with fstat —
+    and a file larger than `max_bytes` is skipped before it is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise SourceError("BN901", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SourceError("BN901", "cannot read: not a regular file (a FIFO, device or socket)")
+        if info.st_size > max_bytes:
+            raise Skipped(f"skipped: {info.st_size / 2**20:.1f} MiB is more than max-file-size "
+                          f"({max_bytes / 2**20:.1f} MiB); raise it with --max-file-size or "
+                          "`max-file-size` in [tool.bnfix] to check it")
+        chunks = []
+        left = max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:  # grew while being read
+            raise Skipped(f"skipped: more than max-file-size ({max_bytes / 2**20:.1f} MiB)")
+        return data
+    except OSError as exc:
+        raise SourceError("BN901", f"cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)

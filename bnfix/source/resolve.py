@@ -6,6 +6,7 @@ the families they hold. Works on recorded nodes only: it never walks the module 
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import re
 from collections import defaultdict
@@ -55,6 +56,7 @@ class Resolver:
         self.path = path
         self._site_targets: dict[int, tuple[str, object]] = {}
         self._tower_loop: dict[int, Loop] = {}
+        self._done_sites: set[tuple[int, int]] = set()
 
     def resolve(self) -> ModuleIR:
         for function in self.w.functions:
@@ -196,13 +198,19 @@ class Resolver:
                                           param.index)
 
     def _resolve_call_sites(self) -> None:
-        """Call sites of the functions that hold BN sites, and of their callers (three levels):
-        only those can change what a BN site receives, so only those are resolved."""
-        by_name: dict[tuple[str | None, str], list[FunctionInfo]] = defaultdict(list)
-        for function in self.w.functions:
-            by_name[(function.class_name, function.name)].append(function)
+        """Call sites of the functions that hold BN sites or collect UPDATE_OPS, and of their
+        callers (three levels): only those can change what a BN site receives, so only those
+        are resolved (the project view asks for more: `resolve_call_sites`)."""
         needed = {id(raw.ctx.function) for raw, _ in self.w.bn_raw if raw.ctx.function}
-        done: set[tuple[int, int]] = set()
+        needed |= {id(raw.ctx.function) for raw in self.w.gets.values() if raw.ctx.function}
+        self.resolve_call_sites(needed)
+
+    def resolve_call_sites(self, functions: set[int]) -> None:
+        """Resolve the module-local call sites of `functions` (by id) and of their callers,
+        three levels up (each call resolved once, however often this is asked)."""
+        by_name = self._by_name
+        needed = set(functions)
+        done = self._done_sites
         for _ in range(3):
             callers: set[int] = set()
             for raw in self.w.local_calls:
@@ -217,6 +225,13 @@ class Resolver:
             if callers <= needed:
                 break
             needed |= callers
+
+    @functools.cached_property
+    def _by_name(self) -> dict[tuple[str | None, str], list[FunctionInfo]]:
+        by_name: dict[tuple[str | None, str], list[FunctionInfo]] = defaultdict(list)
+        for function in self.w.functions:
+            by_name[(function.class_name, function.name)].append(function)
+        return by_name
 
     def _targets(self, raw: RawCall, by_name: dict[tuple[str | None, str], list[FunctionInfo]]
                  ) -> list[tuple[FunctionInfo, bool]]:

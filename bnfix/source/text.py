@@ -3,6 +3,7 @@ character positions, and back into offsets for edits. Line endings are the file'
 
 from __future__ import annotations
 
+import bisect
 import io
 import re
 import tokenize
@@ -11,6 +12,7 @@ from functools import cached_property
 from bnfix.ir import Pos, Span
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
+_WIDE = re.compile(r"[^\x00-\x7f]")
 
 
 class SourceText:
@@ -44,13 +46,20 @@ class SourceText:
     def ascii(self) -> bool:
         return self.text.isascii()
 
+    @cached_property
+    def _wide_rows(self) -> frozenset[int]:
+        """Rows holding a non-ASCII character (only there do byte and character columns
+        differ)."""
+        if self.ascii:
+            return frozenset()
+        starts = self._starts
+        return frozenset(bisect.bisect_right(starts, m.start()) for m in _WIDE.finditer(self.text))
+
     def pos(self, lineno: int, byte_col: int) -> Pos:
         """An `ast` position (1-based line, UTF-8 byte column) as a character position."""
-        if self.ascii:
+        if lineno not in self._wide_rows:
             return Pos(lineno, byte_col)
         line = self.line(lineno)
-        if line.isascii():
-            return Pos(lineno, byte_col)
         return Pos(lineno, len(line.encode("utf-8")[:byte_col].decode("utf-8", "replace")))
 
     def span(self, node: object) -> Span:

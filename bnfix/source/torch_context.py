@@ -192,6 +192,7 @@ class TorchContext:
             freezers.update(grown)
         calls += self._instance_freezes(calls, freezers)
         module.freeze_calls = calls
+        module.freezers = frozenset(f.qualname for f in freezers.values())
         module.freezing_trains = frozenset(
             c.function.class_name for c in calls
             if c.function is not None and c.function.name == "train" and c.function.class_name)

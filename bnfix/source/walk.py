@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from bnfix.ir import Block, FunctionInfo, Param, WithItem
 from bnfix.rulebook import ApiSpec, Catalogue, LayerSpec
-from bnfix.source.imports import ImportTable
+from bnfix.source.imports import ImportTable, ModuleContext
 from bnfix.source.text import SourceText
 
 RANGE_NAMES = {"range", "xrange", "six.moves.range", "six.moves.xrange"}
@@ -132,12 +132,13 @@ Def = tuple[str, ast.expr, ast.stmt]  # (assign | accumulate | with | unknown, v
 class Walker:
     """Walks one module once; its attributes are the facts the resolver reads."""
 
-    def __init__(self, text: SourceText, tree: ast.Module, catalogue: Catalogue) -> None:
+    def __init__(self, text: SourceText, tree: ast.Module, catalogue: Catalogue,
+                 context: ModuleContext | None = None) -> None:
         self.text = text
         self.tree = tree
         self.cat = catalogue
         self.vocab = vocabulary(catalogue)
-        self.imports = ImportTable()
+        self.imports = ImportTable(context)
         self.functions: list[FunctionInfo] = []
         self.defaults: dict[int, dict[str, ast.expr]] = {}
         self.static: set[int] = set()
@@ -173,6 +174,9 @@ class Walker:
         self.sequential_raw: list[RawCall] = []
         self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self.ext_calls: list[RawCall] = []  # calls of first-party code imported from elsewhere
+        self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
+        self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
 
     def walk(self) -> Walker:
         for stmt in self.tree.body:  # module-level imports first: they bind file-wide
@@ -194,6 +198,7 @@ class Walker:
         elif isinstance(stmt, ast.ClassDef):
             self.names.add(stmt.name)
             self.class_names.add(stmt.name)
+            self.class_defs.append((stmt, ctx))
             for expr in [*stmt.bases, *stmt.decorator_list]:
                 self._expr(expr, ctx, stmt)
             self._body(stmt.body, replace(ctx, function=None, class_name=stmt.name, guards=()))
@@ -226,6 +231,10 @@ class Walker:
             self._bind_target(stmt.target, stmt.value, stmt, ctx, kind)
             if isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and _reciprocal(stmt.value)):
                 self._note_division(stmt.target, stmt.value, ctx)
+        elif isinstance(stmt, ast.Return):
+            if stmt.value is not None:
+                self._expr(stmt.value, ctx, stmt)
+                self.returns[fkey(ctx.function)].append(stmt.value)
         elif isinstance(stmt, ast.If):
             self.block_owner[id(stmt.body)] = stmt
             self._expr(stmt.test, ctx, stmt)
@@ -533,6 +542,9 @@ class Walker:
             elif qual.startswith(self.vocab.optimizer_prefixes):
                 raw.kind = "optimizer"
                 self.step_raw.append(raw)
+            elif self.imports.first_party(qual):
+                raw.kind, raw.written = "first_party", qual
+                self.ext_calls.append(raw)
             return
         if isinstance(func, ast.Attribute):
             attr = func.attr

@@ -1,0 +1,317 @@
+"""The project index: every file's summary joined. It resolves a call's target across files
+(imports, `__init__` re-exports, star imports, methods inherited from first-party bases), says
+which BatchNorm a call reaches through wrappers of wrappers (to a fixed point, bounded, safe on
+cycles) with each BN argument expressed in the caller's terms, and answers the reverse
+question: who calls a function, from where, with what."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bnfix.project.modules import ModuleMap
+from bnfix.project.summary import (
+    MODULE_SCOPE,
+    UNKNOWN,
+    CallRecord,
+    ClassSummary,
+    FunctionSummary,
+    Loc,
+    ModuleSummary,
+    Ref,
+)
+
+MAX_DEPTH = 8  # re-exports / bases followed
+MAX_REACH = 512  # BN reached from one function (a whole network is a few hundred)
+CONSTRUCTION = ("__init__", "build")  # what building an instance of a class runs
+
+
+@dataclass(frozen=True)
+class Target:
+    """A function of the project (a class call runs its construction methods)."""
+
+    module: str
+    qualname: str
+    bound: bool  # its first parameter (`self`) is not passed at the call
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.module, self.qualname)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """A BatchNorm that calling a function builds, possibly through other functions."""
+
+    api: str
+    qualname: str
+    path: str  # the file of the BN call
+    loc: Loc
+    args: dict[str, Ref]  # in the terms of the function asked about (`p` = its parameters)
+    via: tuple[tuple[str, Loc, str], ...]  # (file, call location, callee) from there down
+    unpacked: bool = False
+    settable: dict[str, str] = field(default_factory=dict)  # BN arg -> parameter that sets it
+
+
+@dataclass(frozen=True)
+class Caller:
+    module: str
+    function: str  # qualname in that module (`<module>` for top-level code)
+    call: CallRecord
+
+
+class ProjectIndex:
+    def __init__(self, summaries: Mapping[str, ModuleSummary], modules: ModuleMap) -> None:
+        self.summaries = summaries
+        self.modules = modules
+        self._reach: dict[tuple[str, str], tuple[Reach, ...]] = {}
+        self._busy: set[tuple[str, str]] = set()
+        self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
+        self._callers: dict[tuple[str, str], list[Caller]] | None = None
+        self.gave_up: list[str] = []  # where resolution stopped (cycles, depth)
+
+    # -- resolution ------------------------------------------------------------------------
+
+    def function(self, module: str, qualname: str) -> FunctionSummary | None:
+        summary = self.summaries.get(module)
+        return summary.functions.get(qualname) if summary else None
+
+    def targets(self, module: str, target: str) -> tuple[Target, ...]:
+        """The functions a call of `target` (as written in `module`) runs."""
+        key = (module, target)
+        if key not in self._targets:
+            self._targets[key] = self._resolve_target(module, target)
+        return self._targets[key]
+
+    def _resolve_target(self, module: str, target: str) -> tuple[Target, ...]:
+        if target.startswith("@"):
+            return self._in_module(module, target[1:], bound=False, depth=0)
+        summary = self.summaries.get(module)
+        found = self._locate(target, summary.path if summary else None, 0)
+        if found is None:
+            return ()
+        owner, rest = found
+        return self._in_module(owner, rest, bound=False, depth=0) if rest else ()
+
+    def _locate(self, dotted: str, importer: str | None, depth: int) -> tuple[str, str] | None:
+        resolved = self.modules.resolve(dotted, importer)
+        if resolved is None:
+            return None
+        record, rest = resolved
+        return record.name, rest
+
+    def _in_module(self, module: str, name: str, bound: bool, depth: int) -> tuple[Target, ...]:
+        """`name` (`f`, `Class`, `Class.method`) looked up in `module`, through its imports."""
+        summary = self.summaries.get(module)
+        if summary is None or depth > MAX_DEPTH:
+            if depth > MAX_DEPTH:
+                self.gave_up.append(f"{module}.{name}: re-exports nested deeper than {MAX_DEPTH}")
+            return ()
+        head, _, tail = name.partition(".")
+        if name in summary.functions:
+            return (Target(module, name, bound or self._is_method(summary, name)),)
+        if head in summary.classes:
+            if not tail:
+                return self._construction(module, head, depth)
+            method = self._method(module, head, tail, depth)
+            return (method,) if method is not None else ()
+        imported = summary.imports.get(head)
+        if imported is not None:
+            found = self._locate(imported, summary.path, depth + 1)
+            if found is not None:
+                owner, rest = found
+                inner = ".".join(p for p in (rest, tail) if p)
+                if (owner, inner) != (module, name) and inner:
+                    return self._in_module(owner, inner, bound, depth + 1)
+            return ()
+        for star in summary.star_imports:
+            found = self._locate(star, summary.path, depth + 1)
+            if found is not None and not found[1] and found[0] != module:
+                hit = self._in_module(found[0], name, bound, depth + 1)
+                if hit:
+                    return hit
+        return ()
+
+    @staticmethod
+    def _is_method(summary: ModuleSummary, qualname: str) -> bool:
+        function = summary.functions[qualname]
+        return function.class_name is not None and "<locals>" not in qualname
+
+    def _construction(self, module: str, cls: str, depth: int) -> tuple[Target, ...]:
+        out = []
+        for name in CONSTRUCTION:
+            method = self._method(module, cls, name, depth)
+            if method is not None:
+                out.append(method)
+        return tuple(out)
+
+    def _method(self, module: str, cls: str, name: str, depth: int) -> Target | None:
+        """`cls.name` in `module`, or inherited from a first-party base class."""
+        for owner, klass in self.mro(module, cls, depth):
+            if name in klass.methods:
+                return Target(owner, f"{klass.name}.{name}", True)
+        return None
+
+    def class_summary(self, module: str, name: str, depth: int = 0) -> tuple[str, ClassSummary] | None:
+        """A class by the name it has in `module` (defined there or imported)."""
+        summary = self.summaries.get(module)
+        if summary is None or depth > MAX_DEPTH:
+            return None
+        if name in summary.classes:
+            return module, summary.classes[name]
+        head, _, tail = name.partition(".")
+        target = summary.imports.get(head)
+        if target is None:
+            return None
+        found = self._locate(target, summary.path, depth + 1)
+        if found is None:
+            return None
+        owner, rest = found
+        inner = ".".join(p for p in (rest, tail) if p)
+        if (owner, inner) == (module, name) or not inner:
+            return None
+        return self.class_summary(owner, inner, depth + 1)
+
+    def resolve_class(self, module: str, target: str) -> tuple[str, ClassSummary] | None:
+        """The class a dotted name (as written in `module`, or `@Local`) stands for."""
+        if target.startswith("@"):
+            return self.class_summary(module, target[1:])
+        summary = self.summaries.get(module)
+        found = self._locate(target, summary.path if summary else None, 0)
+        if found is None or not found[1]:
+            return None
+        return self.class_summary(found[0], found[1])
+
+    def mro(self, module: str, cls: str, depth: int = 0) -> list[tuple[str, ClassSummary]]:
+        """The class and its first-party bases, depth first (cycles and depth bounded)."""
+        out: list[tuple[str, ClassSummary]] = []
+        seen: set[tuple[str, str]] = set()
+        stack = [(module, cls, depth)]
+        while stack:
+            owner, name, level = stack.pop(0)
+            if level > MAX_DEPTH or (owner, name) in seen:
+                continue
+            seen.add((owner, name))
+            found = self.class_summary(owner, name)
+            if found is None:
+                continue
+            where, klass = found
+            out.append((where, klass))
+            for base in klass.bases:
+                resolved = self.resolve_class(where, base)
+                if resolved is not None:
+                    stack.append((resolved[0], resolved[1].name, level + 1))
+        return out
+
+    # -- BatchNorm reached through calls -----------------------------------------------------
+
+    def reach(self, module: str, qualname: str) -> tuple[Reach, ...]:
+        """Every BN that calling `module.qualname` builds, its arguments in the function's
+        terms. A function whose reach is being computed further up the stack (recursion)
+        contributes nothing there."""
+        key = (module, qualname)
+        if key in self._reach:
+            return self._reach[key]
+        if key in self._busy:
+            return ()
+        function = self.function(module, qualname)
+        summary = self.summaries.get(module)
+        if function is None or summary is None:
+            return ()
+        self._busy.add(key)
+        out: list[Reach] = []
+        for build in function.bn:
+            args = {name: value.at(summary.path) if value.kind != "p" else value
+                    for name, value in build.args.items()}
+            out.append(Reach(build.api, build.qualname, summary.path, build.loc, args, (),
+                             build.unpacked))
+        for call in function.calls:
+            for reached in self.reach_at(module, call):
+                out.append(reached)
+                if len(out) >= MAX_REACH:
+                    break
+            if len(out) >= MAX_REACH:
+                self.gave_up.append(f"{module}.{qualname}: more than {MAX_REACH} BN reached")
+                break
+        self._busy.discard(key)
+        result = tuple(out)
+        self._reach[key] = result
+        return result
+
+    def reach_at(self, module: str, call: CallRecord) -> list[Reach]:
+        """The BN that one call (made in `module`) reaches, in the caller's terms."""
+        summary = self.summaries.get(module)
+        if summary is None:
+            return []
+        out = []
+        for target in self.targets(module, call.target):
+            callee = self.function(*target.key)
+            callee_summary = self.summaries[target.module]
+            if callee is None:
+                continue
+            for reached in self.reach(*target.key):
+                args: dict[str, Ref] = {}
+                settable: dict[str, str] = {}
+                for name, value in reached.args.items():
+                    if value.kind == "p":
+                        bound, passed = self.bind(callee, target.bound, call, value.value,
+                                                  callee_summary.path, summary.path)
+                        args[name] = bound
+                        if not passed and callee.param(value.value) is not None:
+                            settable[name] = value.value
+                    else:
+                        args[name] = value
+                hop = (summary.path, call.loc, call.target.lstrip("@"))
+                out.append(Reach(reached.api, reached.qualname, reached.path, reached.loc, args,
+                                 (hop, *reached.via), reached.unpacked or call.star, settable))
+        return out
+
+    @staticmethod
+    def bind(callee: FunctionSummary, bound: bool, call: CallRecord, param: str, callee_path: str,
+             caller_path: str) -> tuple[Ref, bool]:
+        """What `call` binds to `param` of `callee` (in the caller's terms), and whether the
+        call passes it (else the default, written in the callee's file)."""
+        spec = callee.param(param)
+        if spec is None:
+            return UNKNOWN, False
+        if param in call.args:
+            return _mark(call.args[param], caller_path), True
+        if spec.index >= 0:
+            index = spec.index - (1 if bound else 0)
+            positional = call.args.get(f"#{index}")
+            if positional is not None:
+                return _mark(positional, caller_path), True
+        if call.star:
+            return Ref("u", "*args/**kwargs"), True
+        if spec.default is not None:
+            return spec.default.at(callee_path), False
+        return UNKNOWN, False
+
+    # -- who calls whom ----------------------------------------------------------------------
+
+    def callers(self, module: str, qualname: str) -> list[Caller]:
+        """The calls of `module.qualname` anywhere in the project."""
+        if self._callers is None:
+            table: dict[tuple[str, str], list[Caller]] = defaultdict(list)
+            for name in list(self.summaries):
+                summary = self.summaries.get(name)
+                if summary is None:
+                    continue
+                for function in summary.functions.values():
+                    for call in function.calls:
+                        for target in self.targets(name, call.target):
+                            table[target.key].append(Caller(name, function.qualname, call))
+            self._callers = dict(table)
+        return self._callers.get((module, qualname), [])
+
+    def module_of_path(self, path: str) -> str | None:
+        record = self.modules.of(path)
+        return record.name if record is not None else None
+
+
+def _mark(value: Ref, path: str) -> Ref:
+    return value if value.kind == "p" else value.at(path)
+
+
+__all__ = ["MODULE_SCOPE", "Caller", "ProjectIndex", "Reach", "Target"]

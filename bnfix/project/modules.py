@@ -1,0 +1,176 @@
+"""The project model: which dotted module name each file has, and which file an import names.
+
+Python finds a module through the entries of `sys.path`; a training repository is run in one
+of a few ways (`python train.py` from its folder, `python -m pkg.train` from the root, an
+installed `src/` package), so a file can be imported under more than one name. A file's
+*canonical* name comes from its package: walk up while the folder has an `__init__.py`; the
+first folder without one is its root, and the dotted path from there is its import name. A
+file's identity in the project (its *module id*) is its dotted path from the project root, which
+is unique even where research code leaves out `__init__.py` files (`models/net.py` and
+`utils/net.py` are both `net` to a script run from their folders). An import is resolved against
+the importing file's own root, the folder of the importing script, the project root and a
+`src/` folder under it — the places Python would search — and to nothing when none of them holds
+the module (never guessed)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+INIT = "__init__.py"
+
+
+@dataclass(frozen=True)
+class ModuleFile:
+    name: str  # module id: the dotted path from the project root (`models.net`, `pkg`)
+    import_name: str  # the dotted name from its package root (what relative imports use)
+    path: str  # as discovered (relative or absolute, as the user named it)
+    root: str  # absolute folder the import name is relative to
+    package: bool  # an `__init__.py` (or a namespace folder)
+
+
+def _is_package(folder: str, files: set[str]) -> bool:
+    return os.path.join(folder, INIT) in files
+
+
+def module_name(path: str, files: set[str]) -> tuple[str, str]:
+    """The import (name, root) of the file at absolute `path`: its package chain."""
+    folder, base = os.path.split(path)
+    stem = base.rsplit(".", 1)[0]
+    parts = [] if stem == "__init__" else [stem]
+    while _is_package(folder, files):
+        parent, name = os.path.split(folder)
+        if parent == folder:
+            break
+        parts.append(name)
+        folder = parent
+    return ".".join(reversed(parts)), folder
+
+
+@dataclass
+class ModuleMap:
+    """Every discovered Python file under its canonical module name, plus the search roots."""
+
+    project_root: str
+    by_name: dict[str, list[ModuleFile]] = field(default_factory=dict)
+    by_path: dict[str, ModuleFile] = field(default_factory=dict)
+    _files: set[str] = field(default_factory=set)  # absolute paths of .py files
+    _dirs: set[str] = field(default_factory=set)  # absolute folders holding .py files
+
+    @classmethod
+    def build(cls, paths: Iterable[str | Path], project_root: str | Path) -> ModuleMap:
+        shown = {os.path.abspath(p): str(p) for p in paths if str(p).endswith(".py")}
+        modules = cls(os.path.abspath(project_root))
+        modules._files = set(shown)
+        for absolute in shown:
+            folder = os.path.dirname(absolute)
+            while folder not in modules._dirs:
+                modules._dirs.add(folder)
+                parent = os.path.dirname(folder)
+                if parent == folder:
+                    break
+                folder = parent
+        for absolute, given in sorted(shown.items()):
+            import_name, root = module_name(absolute, modules._files)
+            if not import_name:
+                continue
+            name = _dotted_from(absolute, modules.project_root) or import_name
+            record = ModuleFile(name, import_name, given, root, absolute.endswith(os.sep + INIT))
+            modules.by_name.setdefault(name, []).append(record)
+            modules.by_path[absolute] = record
+        return modules
+
+    def of(self, path: str | Path) -> ModuleFile | None:
+        return self.by_path.get(os.path.abspath(path))
+
+    def conflicts(self) -> list[tuple[str, list[str]]]:
+        """Module names that two files claim (two scripts `train.py` in sibling folders)."""
+        return [(name, [m.path for m in files]) for name, files in sorted(self.by_name.items())
+                if len(files) > 1]
+
+    def first_party_tops(self) -> frozenset[str]:
+        """Top-level names a first-party import can start with: canonical packages and
+        modules, and every folder/file name (scripts import siblings by bare name)."""
+        tops = {name.split(".", 1)[0] for name in self.by_name}
+        for absolute in self._files:
+            base = os.path.basename(absolute)
+            if base != INIT:
+                tops.add(base[:-3])
+        tops.update(os.path.basename(d) for d in self._dirs)
+        return frozenset(t for t in tops if t.isidentifier())
+
+    def resolve(self, dotted: str, importer: str | None) -> tuple[ModuleFile, str] | None:
+        """The module file an absolute import of `dotted` reaches from the file `importer`
+        (absolute path), and the rest of the dotted name inside it (`models.net.Net` ->
+        (models/net.py, "Net")). None when no search root holds it."""
+        parts = dotted.split(".")
+        for root in self._roots(importer):
+            for cut in range(len(parts), 0, -1):
+                found = self._lookup(root, parts[:cut])
+                if found is not None:
+                    return found, ".".join(parts[cut:])
+        return None
+
+    def resolve_relative(self, level: int, module: str | None, importer: str) -> str | None:
+        """`from ..models import net` in `importer` -> the absolute dotted module named, in
+        the importer's canonical naming (None when it climbs above its root)."""
+        record = self.by_path.get(os.path.abspath(importer))
+        if record is None:
+            return None
+        package = record.import_name.split(".")
+        if not record.package:
+            package = package[:-1]
+        if level - 1 > len(package):
+            return None
+        base = package[: len(package) - (level - 1)]
+        if module:
+            base = [*base, *module.split(".")]
+        return ".".join(base) or None
+
+    def _roots(self, importer: str | None) -> list[str]:
+        roots: list[str] = []
+        if importer is not None:
+            absolute = os.path.abspath(importer)
+            record = self.by_path.get(absolute)
+            if record is not None:
+                roots.append(record.root)
+            roots.append(os.path.dirname(absolute))
+        roots += [self.project_root, os.path.join(self.project_root, "src")]
+        out: list[str] = []
+        for root in roots:
+            if root not in out:
+                out.append(root)
+        return out
+
+    def _lookup(self, root: str, parts: list[str]) -> ModuleFile | None:
+        base = os.path.join(root, *parts)
+        for candidate in (base + ".py", os.path.join(base, INIT)):
+            record = self.by_path.get(candidate)
+            if record is not None:
+                return record
+        if base in self._dirs:  # a namespace package: a folder without __init__.py
+            dotted = ".".join(parts)
+            return ModuleFile(_dotted_from(base, self.project_root) or dotted, dotted, base, root,
+                              True)
+        return None
+
+
+def _dotted_from(path: str, root: str) -> str | None:
+    """`root/models/net.py` -> `models.net`; None outside `root` or for non-identifiers."""
+    try:
+        rel = os.path.relpath(path, root)
+    except ValueError:
+        return None
+    if rel.startswith(".."):
+        return None
+    parts = rel.split(os.sep)
+    last = parts[-1]
+    if last.endswith(".py"):
+        parts[-1] = last[:-3]
+        if parts[-1] == "__init__":
+            parts.pop()
+    if not parts or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)

@@ -1,0 +1,322 @@
+"""Running the project pass over files: the cache, the two steps, the workers (see session.py
+for what the steps are).
+
+A warm run reads only the cache file: entries whose size and mtime match keep their summary
+(as JSON text, not parsed), the list of modules it depends on (valid while the project's set
+of files is the same) and their findings, which stand while the digest of their dependency
+cone is the same. Summaries are parsed, and the index built, only for what must be checked
+again."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bnfix.cache import Cache, Entry
+from bnfix.engine import Diagnostic, Engine, FileResult
+from bnfix.ir import Applicability
+from bnfix.project.index import ProjectIndex
+from bnfix.project.modules import ModuleMap
+from bnfix.project.session import (
+    EXPANSION_ROUNDS,
+    ModuleRef,
+    Summarised,
+    Worker,
+    dependency_cone,
+    digest_of,
+    interesting_names,
+    module_edges,
+    reverse,
+)
+from bnfix.project.summary import SummaryStore, summary_text
+from bnfix.project.view import file_context
+from bnfix.project.workers import InProcess, Processes
+from bnfix.rulebook import load_rulebook
+
+PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
+
+
+def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], all_syntax: bool,
+                max_bytes: int) -> Worker:
+    return Worker(Engine(load_rulebook(), enabled, targets, all_syntax), max_bytes)
+
+
+@dataclass
+class Plan:
+    """One file of the project scope."""
+
+    shown: str  # the path as reported (the user's spelling for files asked about)
+    absolute: str
+    ref: ModuleRef
+    reported: bool
+    ignored: frozenset[str]
+    context: str  # digest of the file's place in the project (its summary depends on it)
+    worker: int
+    entry: Entry | None = None  # the cache's entry, when still fresh
+    done: Summarised | None = None
+    summarised: bool = False  # it has a summary (in the store)
+    edges: list[str] | None = None
+
+
+class ProjectRunner:
+    def __init__(self, engine: Engine, *, cache: Cache | None, fix: bool, unsafe: bool,
+                 jobs: int, max_bytes: int) -> None:
+        self.engine = engine
+        self.cache = cache
+        self.fix = fix
+        self.unsafe = unsafe
+        self.jobs = jobs
+        self.max_bytes = max_bytes
+        self.notes: list[str] = []
+        self.store = SummaryStore()
+        self._pool: InProcess | Processes | None = None
+        self._modules: ModuleMap | None = None
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def _plans(self, reported: list[tuple[str, frozenset[str]]], scope: list[str],
+               modules: ModuleMap) -> list[Plan]:
+        tops = ",".join(sorted(modules.first_party_tops()))
+        shown = {os.path.abspath(p): (p, ignored) for p, ignored in reported}
+        plans = []
+        for absolute in sorted({*map(os.path.abspath, scope), *shown}):
+            record = modules.of(absolute)
+            ref = ModuleRef(record.name, record.import_name, record.package) if record else \
+                ModuleRef(absolute, "", False)
+            context = hashlib.sha256(f"{ref}\n{tops}".encode()).hexdigest()[:20]
+            path, ignored = shown.get(absolute, (absolute, frozenset()))
+            plan = Plan(path, absolute, ref, absolute in shown, ignored, context,
+                        _worker(absolute, max(1, min(self.jobs, 8))))
+            if self.cache is not None:
+                plan.entry = self.cache.fresh(absolute, context)
+                if plan.entry is not None and plan.entry.summary is not None:
+                    assert plan.entry.summary_digest is not None
+                    self.store.add_text(ref.module_id, plan.entry.summary,
+                                        plan.entry.summary_digest)
+                    plan.summarised = True
+            plans.append(plan)
+        return plans
+
+    def _workers(self, count: int) -> InProcess | Processes:
+        """The pool, started on first need, sized by the work there is."""
+        if self._pool is None:
+            size = max(1, min(self.jobs, 8)) if count >= PARALLEL_THRESHOLD else 1
+            factory = functools.partial(make_worker, self.engine.enabled, self.engine.targets,
+                                        self.engine.all_syntax_errors, self.max_bytes)
+            self._pool = Processes(size, factory) if size > 1 else InProcess(factory)
+            assert self._modules is not None
+            tops = self._modules.first_party_tops()
+            list(self._pool.run("set_project", [(i, (tops,)) for i in range(self._pool.size)]))
+        return self._pool
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self, reported: list[tuple[str, frozenset[str]]], scope: list[str],
+            root: Path) -> Iterator[FileResult]:
+        modules = ModuleMap.build([*scope, *(p for p, _ in reported)], root)
+        self._modules = modules
+        plans = self._plans(reported, scope, modules)
+        scope_digest = hashlib.sha256("\n".join(
+            f"{p.ref.module_id}:{p.absolute}" for p in plans).encode()).hexdigest()[:20]
+        finished = False
+        try:
+            self._summaries(plans)
+            index = ProjectIndex(self.store, modules)
+            yield from self._check(plans, index, scope_digest)
+            finished = True
+        finally:
+            if self._pool is not None:
+                if finished:
+                    self._pool.close()
+                else:  # interrupted: stop the workers now (they never write files)
+                    self._pool.terminate()
+            if self.cache is not None and finished:
+                self.cache.meta["scope"] = scope_digest
+
+    def _summaries(self, plans: list[Plan]) -> None:
+        """Step 2: summaries from the cache, or from the files, then the expansion rounds."""
+        todo = [p for p in plans if p.entry is None]
+        if todo:
+            jobs = []
+            for plan in todo:
+                stale = self.cache.get(plan.absolute) if self.cache is not None else None
+                known = stale.digest if stale is not None and stale.context == plan.context else None
+                jobs.append((plan.worker, (plan.absolute, plan.ref, False, plan.reported, known)))
+            self._collect(self._workers(len(todo)).run("summarise_file", jobs),
+                          {p.absolute: p for p in todo})
+        by_path = {p.absolute: p for p in plans}
+        project = digest_of(self.store.digests, set(self.store.digests))
+        for _ in range(EXPANSION_ROUNDS):
+            names = self._names(project)
+            if not names:
+                break
+            checked = hashlib.sha256(" ".join(names).encode()).hexdigest()[:20]
+            candidates = [p for p in plans if not p.summarised and not _failed(p)
+                          and not (p.entry is not None and p.entry.checked == checked)]
+            if not candidates:
+                break
+            found = []
+            pool = self._workers(len(candidates))
+            for path, hit in pool.run("mentions", [(p.worker, (p.absolute, names))
+                                                   for p in candidates]):
+                plan = by_path[path]
+                if hit:
+                    found.append(plan)
+                elif self.cache is not None and plan.entry is not None:
+                    plan.entry.checked = checked
+                    self.cache.put(plan.absolute, plan.entry)
+            if not found:
+                break
+            self._collect(pool.run("summarise_file", [
+                (p.worker, (p.absolute, p.ref, True, p.reported, None)) for p in found]), by_path)
+            project = digest_of(self.store.digests, set(self.store.digests))
+
+    def _names(self, project: str) -> tuple[str, ...]:
+        """The names that make a file worth summarising (cached per set of summaries)."""
+        meta = self.cache.meta if self.cache is not None else {}
+        if meta.get("names_for") == project and "names" in meta:
+            return tuple(n for n in meta["names"].split() if n)
+        assert self._modules is not None
+        names = tuple(sorted(interesting_names(ProjectIndex(self.store, self._modules))))
+        if self.cache is not None:
+            self.cache.meta.update(names_for=project, names=" ".join(names))
+        return names
+
+    def _collect(self, results: Iterator[Summarised], by_path: dict[str, Plan]) -> None:
+        for done in results:
+            plan = by_path[done.path]
+            if done.note:
+                self.notes.append(done.note)
+            stale = self.cache.get(done.path) if self.cache is not None else None
+            if done.reused and stale is not None and done.stat is not None:
+                plan.entry = Entry(done.stat[0], done.stat[1], stale.digest, plan.context,
+                                   stale.relevant, stale.summary, stale.summary_digest,
+                                   stale.edges, stale.checked, stale.findings)
+                if stale.summary is not None:
+                    self.store.add_text(plan.ref.module_id, stale.summary,
+                                        stale.summary_digest or "")
+                    plan.summarised = True
+                if self.cache is not None:
+                    self.cache.put(done.path, plan.entry)
+                continue
+            plan.done = done
+            plan.edges = None
+            if done.summary is not None:
+                self.store.add(done.summary)
+                plan.summarised = True
+            if self.cache is not None and done.stat is not None and done.digest is not None \
+                    and done.error is None:
+                text = summary_text(done.summary) if done.summary is not None else None
+                plan.entry = Entry(done.stat[0], done.stat[1], done.digest, plan.context,
+                                   done.relevant, text,
+                                   done.summary.digest if done.summary is not None else None,
+                                   None, None, None)
+                self.cache.put(done.path, plan.entry)
+
+    # -- step 4 --------------------------------------------------------------------------------
+
+    def _edges(self, plans: list[Plan], index: ProjectIndex, scope: str) -> dict[str, list[str]]:
+        """Each summarised module's direct dependencies (from the cache while the project's
+        files are the same)."""
+        valid = self.cache is not None and self.cache.meta.get("scope") == scope
+        forward: dict[str, list[str]] = {}
+        for plan in plans:
+            if not plan.summarised:
+                continue
+            edges = plan.entry.edges if valid and plan.entry is not None and plan.done is None \
+                else None
+            if edges is None:
+                edges = module_edges(index, plan.ref.module_id)
+                if self.cache is not None and plan.entry is not None:
+                    plan.entry.edges = edges
+                    self.cache.put(plan.absolute, plan.entry)
+            forward[plan.ref.module_id] = edges
+        return forward
+
+    def _check(self, plans: list[Plan], index: ProjectIndex, scope: str) -> Iterator[FileResult]:
+        """Step 4: findings of the files asked about."""
+        forward = self._edges(plans, index, scope)
+        backward = reverse(forward)
+        jobs = []
+        waiting: dict[str, tuple[Plan, str]] = {}
+        for plan in (p for p in plans if p.reported):
+            if plan.done is not None and plan.done.note:
+                yield FileResult(plan.shown, notes=[plan.done.note], ignored=plan.ignored)
+                continue
+            if plan.done is not None and plan.done.error is not None:
+                yield self._error(plan)
+                continue
+            consulted = digest_of(self.store.digests, dependency_cone(
+                forward, backward, plan.ref.module_id)) if plan.summarised else ""
+            cached = self._cached(plan, consulted)
+            if cached is not None:
+                yield cached
+                continue
+            relevant = plan.entry.relevant if plan.entry is not None else (
+                plan.done.relevant if plan.done is not None else True)
+            if not plan.summarised and not relevant and not self.engine.all_syntax_errors:
+                digest = plan.entry.digest if plan.entry is not None else None
+                yield self._store(plan, FileResult(plan.shown, ignored=plan.ignored,
+                                                   digest=digest), consulted)
+                continue
+            waiting[plan.absolute] = (plan, consulted)
+            known = file_context(index, plan.ref.module_id) if plan.summarised else None
+            jobs.append((plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
+                                       known, plan.ignored, self.fix, self.unsafe)))
+        if not jobs:
+            return
+        for result in self._workers(len(jobs)).run("check_file", jobs):
+            plan, consulted = waiting[result.path]
+            result.path = plan.shown
+            for d in (*result.diagnostics, *result.fixed):
+                object.__setattr__(d, "path", plan.shown)
+            yield self._store(plan, result, consulted)
+
+    def _error(self, plan: Plan) -> FileResult:
+        assert plan.done is not None and plan.done.error is not None
+        error = plan.done.error
+        kept = [d for d in error.diagnostics if d.code not in plan.ignored]
+        for d in kept:
+            object.__setattr__(d, "path", plan.shown)
+        return FileResult(plan.shown, kept, digest=error.digest, ignored=plan.ignored)
+
+    def _cached(self, plan: Plan, consulted: str) -> FileResult | None:
+        entry = plan.entry
+        if entry is None or entry.findings is None:
+            return None
+        findings = entry.findings
+        if findings.ignored != tuple(sorted(plan.ignored)) or findings.consulted != consulted:
+            return None
+        diagnostics = Cache.diagnostics(findings, plan.shown)
+        if self.fix and _has_fixes(diagnostics, self.unsafe):
+            return None  # there is something to fix: run it
+        return FileResult(plan.shown, diagnostics, ignored=plan.ignored, unchanged=True,
+                          digest=entry.digest)
+
+    def _store(self, plan: Plan, result: FileResult, consulted: str) -> FileResult:
+        """Remember the findings (of the content step 2 read: a file edited between the two
+        steps is not stored, so the next run sees the change)."""
+        entry = plan.entry
+        if self.cache is None or entry is None or result.changed or \
+                (result.digest is not None and result.digest != entry.digest):
+            return result
+        entry.findings = Cache.findings(plan.ignored, consulted, result.diagnostics)
+        self.cache.put(plan.absolute, entry)
+        return result
+
+
+def _has_fixes(diagnostics: list[Diagnostic], unsafe: bool) -> bool:
+    return any(d.fixable and (unsafe or d.fix.applicability is Applicability.SAFE)  # type: ignore[union-attr]
+               for d in diagnostics)
+
+
+def _failed(plan: Plan) -> bool:
+    return plan.done is not None and (plan.done.error is not None or plan.done.note is not None)
+
+
+def _worker(path: str, size: int) -> int:
+    return int(hashlib.md5(path.encode(), usedforsecurity=False).hexdigest()[:8], 16) % size

@@ -1,0 +1,276 @@
+"""The project pass of `bnfix check` / `bnfix fix`: the unit of analysis is the project.
+
+1. Scope: every Python file of the project (the configuration's root, else the git root, else
+   the common folder of the given paths), each mapped to its module (`modules.py`).
+2. Summaries: each file that mentions what a rule looks for is lifted once and summarised; then
+   files that mention a first-party name which builds BN (a wrapper of a wrapper, a script that
+   only calls `Net(...)`) are summarised too, for a few rounds. Summaries come from the cache
+   when the file is unchanged.
+3. The index joins the summaries.
+4. Findings for the files asked about: each file is checked with the index attached (the lifted
+   module of step 2 is reused), unless its cached findings are still valid: same content, and
+   the same digests of every summary in its dependency cone (the modules it reaches and the
+   modules that reach it).
+
+Work is spread over worker processes that keep what they lifted between steps 2 and 4 (a file
+goes to the same worker both times)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bnfix.engine import Engine, FileResult, Lifted
+from bnfix.project.index import ProjectIndex
+from bnfix.project.summary import MODULE_SCOPE, ModuleSummary
+from bnfix.project.view import FileContext, ProjectView
+from bnfix.source.imports import ModuleContext
+from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
+
+EXPANSION_ROUNDS = 3
+CALLER_LEVELS = 3  # the view attaches callers and their callers (view.CALLER_DEPTH + 1)
+
+
+@dataclass
+class FileProject:
+    """One file as part of its project: its module, and (in the checking step) what the
+    project knows about it."""
+
+    path: str
+    module_id: str
+    context: ModuleContext
+    known: FileContext | None = None
+
+    def attach(self, lifted: Lifted, catalogue_ids: dict) -> None:  # type: ignore[type-arg]
+        if self.known is None or self.known.empty or \
+                getattr(lifted.module, "_project_attached", False):
+            return
+        view = ProjectView(self.known, self.module_id, catalogue_ids)
+        view.attach(lifted.resolver, lifted.module)
+        lifted.module._project_attached = True  # type: ignore[attr-defined]
+
+
+@dataclass
+class Summarised:
+    """What step 2 learnt of one file."""
+
+    path: str
+    digest: str | None  # of the bytes read (None: unreadable)
+    summary: ModuleSummary | None
+    relevant: bool  # mentions a rule's trigger words
+    error: FileResult | None = None  # BN900/BN901 (reported if the file is asked about)
+    note: str | None = None  # skipped, with why
+    stat: tuple[int, int] | None = None  # (mtime_ns, size) taken before the file was read
+    reused: bool = False  # the content had the cached digest: the cached summary stands
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """How a file sits in the project (sent to workers instead of the module map)."""
+
+    module_id: str
+    import_name: str
+    package: bool
+
+    def context(self, first_party: frozenset[str]) -> ModuleContext:
+        return ModuleContext(self.import_name, self.package, first_party)
+
+
+@dataclass
+class Worker:
+    """The per-process state: an engine, the modules it lifted (by path), and the index."""
+
+    engine: Engine
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES
+    lifted: dict[str, tuple[str, str, Lifted]] = field(default_factory=dict)  # path -> digest, encoding, lifted
+    first_party: frozenset[str] = frozenset()
+
+    def set_project(self, first_party: frozenset[str]) -> None:
+        self.first_party = first_party
+
+    def summarise_file(self, path: str, module: ModuleRef, force: bool, keep: bool,
+                       known: str | None) -> Summarised:
+        return self.summarise(path, module.module_id, module.import_name,
+                              module.context(self.first_party), force, keep, known)
+
+    def check_file(self, path: str, module: ModuleRef | None, known: FileContext | None,
+                   ignored: frozenset[str], fix: bool, unsafe: bool) -> FileResult:
+        project = None
+        if module is not None:
+            project = FileProject(path, module.module_id, module.context(self.first_party), known)
+        return self.check(path, project, fix=fix, unsafe=unsafe, ignored=ignored, known=None)
+
+    def summarise(self, path: str, module_id: str, import_name: str, context: ModuleContext,
+                  force: bool, keep: bool, known: str | None = None) -> Summarised:
+        """Read and (if it mentions a rule's words, or `force`) lift and summarise one file;
+        with `known`, content with that digest is not lifted again (the cache has it)."""
+        try:
+            st = os.stat(path)
+            before = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            before = None
+        try:
+            data = read_source(path, self.max_bytes)
+        except Skipped as exc:
+            return Summarised(path, None, None, False, note=f"{path}: {exc}")
+        except SourceError as exc:
+            return Summarised(path, None, None, False,
+                              error=FileResult(path, self.engine._error(path, exc, frozenset())))
+        digest = hashlib.sha256(data).hexdigest()
+        if known is not None and digest == known:
+            return Summarised(path, digest, None, False, stat=before, reused=True)
+        try:
+            decoded = decode(data)
+        except SourceError as exc:
+            return Summarised(path, digest, None, False,
+                              error=FileResult(path, self.engine._error(path, exc, frozenset()),
+                                               digest=digest))
+        relevant = bool(self.engine.triggers.words(decoded.text))
+        if not (relevant or force):
+            return Summarised(path, digest, None, False, stat=before)
+        try:
+            lifted = self.engine.lift(decoded.text, path, context)
+        except SourceError as exc:
+            return Summarised(path, digest, None, relevant, stat=before,
+                              error=FileResult(path, self.engine._error(path, exc, frozenset()),
+                                               digest=digest))
+        summary = self.engine.summarize(lifted, module_id, import_name, path)
+        summary.digest  # noqa: B018  (computed here, in the worker; it travels with the summary)
+        if keep:
+            self.lifted[path] = (digest, decoded.encoding, lifted)
+        return Summarised(path, digest, summary, relevant, stat=before)
+
+    def mentions(self, path: str, names: tuple[str, ...]) -> tuple[str, bool]:
+        """Whether the file's text holds one of the names (as a word)."""
+        try:
+            text = decode(read_source(path, self.max_bytes)).text
+        except (Skipped, SourceError):
+            return path, False
+        if len(names) <= 16:  # a substring search per name beats a regex alternation
+            names = tuple(n for n in names if n in text)
+            if not names:
+                return path, False
+        return path, _words(names).search(text) is not None
+
+    def check(self, path: str, project: FileProject | None, *, fix: bool, unsafe: bool,
+              ignored: frozenset[str], known: str | None) -> FileResult:
+        kept = self.lifted.pop(path, None)
+        try:
+            data = read_source(path, self.max_bytes)
+        except Skipped as exc:
+            return FileResult(path, notes=[f"{path}: {exc}"], ignored=ignored)
+        except SourceError as exc:
+            return FileResult(path, self.engine._error(path, exc, ignored), ignored=ignored)
+        digest = hashlib.sha256(data).hexdigest()
+        if known is not None and digest == known:
+            return FileResult(path, digest=digest, unchanged=True, ignored=ignored)
+        try:
+            decoded = decode(data)
+        except SourceError as exc:
+            return FileResult(path, self.engine._error(path, exc, ignored), digest=digest,
+                              ignored=ignored)
+        lifted = kept[2] if kept is not None and kept[0] == digest else None
+        if fix:
+            result = self.engine.fix_text(decoded.text, path, unsafe, ignored, project, lifted)
+        else:
+            result = FileResult(path, self.engine.diagnose(decoded.text, path, ignored, project,
+                                                           lifted))
+        result.encoding = decoded.encoding
+        result.digest = digest
+        result.ignored = ignored
+        return result
+
+
+@functools.lru_cache(maxsize=64)
+def _words(names: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b")
+
+
+def interesting_names(index: ProjectIndex) -> set[str]:
+    """Names through which another file can reach BN or BN facts: the module-level functions
+    and the classes whose call builds BN, or that carry facts (methods are reached through
+    their class, so their names — `forward`, `build` — are not searched for)."""
+    names: set[str] = set()
+    for module in list(index.summaries):
+        summary = index.summaries.get(module)
+        if summary is None:
+            continue
+        for function in summary.functions.values():
+            if function.qualname == MODULE_SCOPE or "<locals>" in function.qualname:
+                continue
+            if function.facts or index.reach(module, function.qualname):
+                names.add(function.class_name or function.name)
+        for klass in summary.classes.values():
+            if klass.facts:
+                names.add(klass.name)
+    return {n for n in names if n.isidentifier()}
+
+
+def module_edges(index: ProjectIndex, module: str) -> list[str]:
+    """The modules `module` depends on directly: those its imports, calls and bases name."""
+    summary = index.summaries.get(module)
+    if summary is None:
+        return []
+    targets: set[str] = set()
+    for dotted in [*summary.imports.values(), *summary.star_imports]:
+        found = index.modules.resolve(dotted, summary.path)
+        if found is not None:
+            targets.add(found[0].name)
+    for function in summary.functions.values():
+        for call in function.calls:
+            targets.update(t.module for t in index.targets(module, call.target))
+    targets.discard(module)
+    return sorted(targets)
+
+
+def dependency_cone(forward: dict[str, list[str]], backward: dict[str, set[str]],
+                    module: str) -> set[str]:
+    """The modules whose summaries can change what this module's check finds: those it
+    reaches (imports and calls, transitively) and those that reach it (callers of callers,
+    CALLER_LEVELS deep)."""
+    cone = {module}
+    for graph, depth in ((forward, None), (backward, CALLER_LEVELS)):
+        frontier = {module}
+        level = 0
+        while frontier and (depth is None or level < depth):
+            frontier = {n for m in frontier for n in graph.get(m, ())} - cone
+            cone |= frontier
+            level += 1
+    return cone
+
+
+def reverse(forward: dict[str, list[str]]) -> dict[str, set[str]]:
+    backward: dict[str, set[str]] = {}
+    for name, targets in forward.items():
+        for target in targets:
+            backward.setdefault(target, set()).add(name)
+    return backward
+
+
+def project_root(paths: list[Path], configured: Path | None) -> Path:
+    """The folder whose Python files form the project: the configuration's root, else the
+    git work tree holding the paths, else their common folder."""
+    if configured is not None:
+        return configured
+    absolute = [Path(os.path.abspath(p)) for p in paths] or [Path.cwd()]
+    common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in absolute]))
+    for folder in (common, *common.parents):
+        if (folder / ".git").exists():
+            return folder
+    return common
+
+
+def digest_of(digests: dict[str, str], modules: set[str]) -> str:
+    """One digest of the summaries of `modules` (what a file's findings were checked against)."""
+    h = hashlib.sha256()
+    for name in sorted(modules):
+        h.update(f"{name}={digests.get(name, '-')};".encode())
+    return h.hexdigest()[:24]
+
+
+__all__ = ["FileProject", "Summarised", "Worker", "dependency_cone",
+           "interesting_names", "project_root"]

@@ -1,0 +1,297 @@
+"""A file's summary, taken from its lifted IR and the walker's records (no second walk)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from typing import TYPE_CHECKING
+
+from bnfix.ir import BNSite, Const, FromParam, FunctionInfo, ModuleIR, Span, Unknown, Value
+from bnfix.project.summary import (
+    MODULE_SCOPE,
+    BNBuild,
+    CallRecord,
+    ClassSummary,
+    FunctionSummary,
+    Loc,
+    ModuleSummary,
+    ParamSpec,
+    Ref,
+)
+
+if TYPE_CHECKING:
+    from bnfix.source.resolve import Resolver
+    from bnfix.source.walk import RawCall
+
+_JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def loc(span: Span) -> Loc:
+    return (span.start.row, span.start.col, span.end.row, span.end.col)
+
+
+def ref(value: Value | None, function: FunctionInfo | None) -> Ref:
+    """A Value as seen from inside `function`."""
+    if isinstance(value, Const):
+        if isinstance(value.value, _JSON_SCALARS) and not (
+                isinstance(value.value, float) and value.value != value.value):
+            return Ref("c", value.value, loc(value.span) if value.span else None)
+        return Ref("u", value.text, loc(value.span) if value.span else None)
+    if isinstance(value, FromParam) and value.function is function:
+        return Ref("p", value.name, loc(value.span) if value.span else None)
+    if isinstance(value, (Unknown, FromParam)):
+        text = value.text if isinstance(value, Unknown) else value.name
+        return Ref("u", text, loc(value.span) if value.span else None)
+    return Ref("u", "?")
+
+
+def key(function: FunctionInfo | None) -> str:
+    return function.qualname if function is not None else MODULE_SCOPE
+
+
+class Summarizer:
+    """Turns one lifted module into its ModuleSummary."""
+
+    def __init__(self, resolver: Resolver, module: ModuleIR, module_id: str, import_name: str,
+                 path: str) -> None:
+        self.r = resolver
+        self.w = resolver.w
+        self.module = module
+        self.module_id = module_id
+        self.import_name = import_name
+        self.path = path
+
+    def summary(self) -> ModuleSummary:
+        bn: dict[str, list[BNBuild]] = {}
+        for site in self.module.bn_sites:
+            if site.origin is None:
+                bn.setdefault(key(site.function), []).append(self._build(site))
+        calls: dict[str, list[CallRecord]] = {}
+        for raw, record in self.call_records():
+            calls.setdefault(key(raw.ctx.function), []).append(record)
+        facts = self.function_facts()
+        functions: dict[str, FunctionSummary] = {}
+        for function in self.w.functions:
+            name = function.qualname
+            functions[name] = FunctionSummary(
+                qualname=name, name=function.name, class_name=function.class_name,
+                loc=loc(function.span), params=self._params(function),
+                bn=tuple(bn.get(name, ())), calls=tuple(calls.get(name, ())),
+                facts=tuple(sorted(facts.get(name, ()))),
+                returns=self._returns(function),
+            )
+        if MODULE_SCOPE in bn or MODULE_SCOPE in calls:
+            functions[MODULE_SCOPE] = FunctionSummary(
+                MODULE_SCOPE, MODULE_SCOPE, None, (1, 0, 1, 0), (),
+                bn=tuple(bn.get(MODULE_SCOPE, ())), calls=tuple(calls.get(MODULE_SCOPE, ())))
+        return ModuleSummary(
+            module=self.module_id, import_name=self.import_name, path=self.path,
+            imports={local: target for local, target in self.w.imports.bindings().items()
+                     if self.w.imports.first_party(target)},
+            star_imports=tuple(self.w.imports.star),
+            functions=functions,
+            classes=self._classes(),
+            constants=self._constants(),
+            facts=tuple(sorted(self.module_facts())),
+        )
+
+    def _params(self, function: FunctionInfo) -> tuple[ParamSpec, ...]:
+        return tuple(ParamSpec(p.name, p.index if p.positional else -1,
+                               ref(p.default, None) if p.default is not None else None)
+                     for p in function.params.values())
+
+    def _build(self, site: BNSite) -> BNBuild:
+        args = {name: ref(arg.value, site.function) for name, arg in site.args.items()}
+        return BNBuild(site.api.id, site.qualname, loc(site.span), args, site.unpacked)
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def call_records(self) -> list[tuple[RawCall, CallRecord]]:
+        """Calls of first-party code, with what they pass (cached on the resolver: the project
+        view maps the index's answers back onto these same calls)."""
+        cached = getattr(self.r, "_call_records", None)
+        if cached is not None:
+            return cached
+        out = []
+        for raw in [*self.w.local_calls, *self.w.ext_calls]:
+            target = self._target(raw)
+            if target is None:
+                continue
+            target, bound = target
+            out.append((raw, self._record(raw, target, bound)))
+        self.r._call_records = out  # type: ignore[attr-defined]
+        return out
+
+    def _target(self, raw: RawCall) -> tuple[str, bool] | None:
+        """The absolute (`pkg.mod.f`) or local (`@Class.method`) name a call reaches, and
+        whether its first parameter is bound implicitly."""
+        func = raw.call.func
+        if raw.kind == "first_party":
+            return raw.written, False
+        if isinstance(func, ast.Name):
+            if func.id in self.w.class_names or func.id in self._top_functions:
+                return f"@{func.id}", False
+            return None
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = func.value.id
+            if owner in ("self", "cls"):
+                cls = raw.ctx.function.class_name if raw.ctx.function else raw.ctx.class_name
+                if cls is None:
+                    return None
+                return f"@{cls}.{func.attr}", True
+            if owner in self.w.class_names:
+                return f"@{owner}.{func.attr}", False
+        return None
+
+    @functools.cached_property
+    def _top_functions(self) -> set[str]:
+        return {f.name for f in self.w.functions
+                if f.class_name is None and "<locals>" not in f.qualname}
+
+    def _tags(self, raw: RawCall, texts: list[str]) -> tuple[str, ...]:
+        """Where the call sits: in a TF1 tower loop, under a tf.distribute strategy scope, in
+        an evaluation region; and which of its arguments were put in eval mode before it in
+        the same function."""
+        tags = []
+        if any(loop.device is not None and loop.reuse for loop in raw.ctx.loops):
+            tags.append("tower")
+        row = raw.call.lineno
+        if any(s.function is raw.ctx.function and s.first_row <= row <= s.last_row
+               for s in self.module.device_scopes):
+            tags.append("strategy")
+        if raw.ctx.region is not None:
+            tags.append("no_grad")
+        evals = self._evals.get(id(raw.ctx.function), {})
+        for text in texts:
+            if text in evals and evals[text] < row:
+                tags.append(f"prepared:{text}")
+        return tuple(tags)
+
+    @functools.cached_property
+    def _evals(self) -> dict[int, dict[str, int]]:
+        """Per function: the first row where each target is put in eval mode."""
+        out: dict[int, dict[str, int]] = {}
+        for m in self.module.mode_calls:
+            if m.kind == "eval":
+                rows = out.setdefault(id(m.function), {})
+                rows[m.target] = min(rows.get(m.target, m.span.start.row), m.span.start.row)
+        return out
+
+    def _record(self, raw: RawCall, target: str, bound: bool) -> CallRecord:
+        call = raw.call
+        function = raw.ctx.function
+        args: dict[str, Ref] = {}
+        texts: list[str] = []
+        star = False
+        for i, arg in enumerate(call.args):
+            if isinstance(arg, ast.Starred):
+                star = True
+                break
+            args[f"#{i}"] = self._arg(arg, function)
+            texts.append(self.r.text.slice(self.r.text.span(arg)))
+        for kw in call.keywords:
+            if kw.arg is None:
+                star = True
+            else:
+                args[kw.arg] = self._arg(kw.value, function)
+        stmt = raw.stmt
+        assigned = None
+        if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
+            assigned = self.r.text.slice(self.r.text.span(stmt.targets[0]))
+        return CallRecord(target, loc(self.r.text.span(call)), args, star, bound,
+                          self._tags(raw, texts), tuple(texts), assigned)
+
+    # -- facts -------------------------------------------------------------------------------
+
+    def function_facts(self) -> dict[str, set[str]]:
+        """Per function: what other files' rules ask about it."""
+        facts: dict[str, set[str]] = {}
+        for name in self.module.freezers:
+            facts.setdefault(name, set()).add("freezes_bn")
+        return facts
+
+    def module_facts(self) -> set[str]:
+        facts = {f"train:{m.target}" for m in self.module.mode_calls if m.kind == "train"}
+        if self.module.loss_scaled_per_tower:
+            facts.add("loss_scaled_per_tower")
+        return facts
+
+    def class_facts(self, name: str) -> set[str]:
+        """`freeze:<method>` for its BN freeze methods, `init_freeze:<text>` for a freeze it
+        applies to itself at construction, `train_refreezes` when its train() re-freezes."""
+        facts = {f"freeze:{q.split('.', 1)[1]}" for q in self.module.freezers
+                 if q.startswith(name + ".") and q.count(".") == 1}
+        for call in self.module.freeze_calls:
+            function = call.function
+            if call.target == "self" and function is not None and \
+                    function.class_name == name and function.name == "__init__":
+                facts.add(f"init_freeze:{call.text}")
+        if name in self.module.freezing_trains:
+            facts.add("train_refreezes")
+        return facts
+
+    def _returns(self, function: FunctionInfo) -> tuple[str, ...]:
+        """What the function returns is built by: `return Net(...)`, `model = build(); return
+        model` (absolute or `@local` names)."""
+        out = []
+        for value in self.w.returns.get(id(function), ()):
+            call = value if isinstance(value, ast.Call) else None
+            if isinstance(value, ast.Name):
+                defs = self.w.defs.get((id(function), value.id), [])
+                if len(defs) == 1 and isinstance(defs[0][1], ast.Call):
+                    call = defs[0][1]
+            if call is None:
+                continue
+            target = self._callee_name(call.func)
+            if target is not None and target not in out:
+                out.append(target)
+        return tuple(out)
+
+    def _callee_name(self, func: ast.expr) -> str | None:
+        qual = self.w.imports.qualname(func)
+        if qual is not None:
+            return qual if self.w.imports.first_party(qual) else None
+        if isinstance(func, ast.Name) and (func.id in self.w.class_names or
+                                           func.id in self._top_functions):
+            return f"@{func.id}"
+        return None
+
+    def _arg(self, expr: ast.expr, function: FunctionInfo | None) -> Ref:
+        """What a call passes: literals and names are resolved (a parameter, a constant); other
+        expressions are unknown, kept as text (resolving every argument of every call of a
+        large module costs more than it tells)."""
+        if isinstance(expr, (ast.Constant, ast.Name, ast.UnaryOp, ast.BinOp)):
+            return ref(self.r.value(expr, function), function)
+        sp = self.r.text.span(expr)
+        return Ref("u", self.r.text.slice(sp), loc(sp))
+
+    # -- classes and constants -------------------------------------------------------------------
+
+    def _classes(self) -> dict[str, ClassSummary]:
+        out = {}
+        for node, ctx in self.w.class_defs:
+            if ctx.function is not None:
+                continue  # a class defined inside a function is not reachable by name
+            bases = []
+            for base in node.bases:
+                qual = self.w.imports.qualname(base)
+                if qual is not None and self.w.imports.first_party(qual):
+                    bases.append(qual)
+                elif isinstance(base, ast.Name) and base.id in self.w.class_names:
+                    bases.append(f"@{base.id}")
+            methods = tuple(f.name for f in self.w.functions if f.class_name == node.name
+                            and f.qualname == f"{node.name}.{f.name}")
+            out[node.name] = ClassSummary(node.name, loc(self.r.text.span(node)), tuple(bases),
+                                          methods,
+                                          tuple(sorted(self.class_facts(node.name))))
+        return out
+
+    def _constants(self) -> dict[str, Ref]:
+        out: dict[str, Ref] = {}
+        for (scope, name), defs in self.w.defs.items():
+            if scope != 0 or "." in name or len(defs) != 1 or defs[0][0] != "assign":
+                continue
+            value = self.r.value(defs[0][1], None)
+            if isinstance(value, Const):
+                out[name] = ref(value, None)
+        return out

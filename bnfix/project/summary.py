@@ -1,0 +1,263 @@
+"""Per-file summaries: what other files need to know about a module, as plain records keyed by
+qualified names (never object identity), so they can be cached as JSON and shared between
+processes.
+
+A summary says, for each function and method: its parameters and defaults, the BatchNorm it
+builds directly (with each BN argument as a literal, one of its parameters, or unknown), the
+first-party calls it makes (with what it passes), and facts about it (it collects UPDATE_OPS
+without a scope, it is an evaluation helper ...); for each class: its bases and facts (a BN
+freeze method, a freeze at construction, a `train()` that re-freezes); for the module: its
+import bindings and facts. The project index (`bnfix.project.index`) joins them."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import pickle
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMAT = 1
+Loc = tuple[int, int, int, int]  # start row, start column, end row, end column (0-based cols)
+MODULE_SCOPE = "<module>"  # the pseudo-function holding a module's top-level code
+
+
+@dataclass(frozen=True)
+class Ref:
+    """What is statically known of a value: a literal (`c`), a parameter of the function the
+    record belongs to (`p`, by name), or something unknown (`u`, its source text). `loc` is
+    where it is written; `path` is set once the value has been carried into another module's
+    context (the file `loc` is in)."""
+
+    kind: str
+    value: Any = None
+    loc: Loc | None = None
+    path: str | None = None
+
+    def at(self, path: str) -> Ref:
+        """The same value, marked as written in `path` (when it is not marked yet)."""
+        return self if self.path is not None or self.kind == "p" else Ref(self.kind, self.value,
+                                                                          self.loc, path)
+
+    def to_data(self) -> list[Any]:
+        return [self.kind, self.value, list(self.loc) if self.loc else None, self.path]
+
+    @staticmethod
+    def from_data(data: list[Any]) -> Ref:
+        kind, value, loc, path = data
+        return Ref(kind, value, tuple(loc) if loc else None, path)  # type: ignore[arg-type]
+
+
+UNKNOWN = Ref("u", "?")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    index: int  # position (-1 for keyword-only)
+    default: Ref | None
+
+
+@dataclass(frozen=True)
+class BNBuild:
+    """A BN construction or call in the function, resolved against the catalogue."""
+
+    api: str  # catalogue API id
+    qualname: str  # the normalized qualified name called
+    loc: Loc
+    args: dict[str, Ref]  # by canonical BN parameter name
+    unpacked: bool = False  # *args / **kwargs at the call
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A call of first-party code (a function or class of the project, or a method of the
+    enclosing class)."""
+
+    target: str  # absolute dotted name as imported (`models.net.Net`, `pkg.mod.Class.method`)
+    loc: Loc
+    args: dict[str, Ref]  # keyword name, or `#i` for the i-th positional argument
+    star: bool = False  # *args / **kwargs passed: more is passed than is known
+    bound: bool = False  # called on an instance or `self`: the first parameter is implicit
+    tags: tuple[str, ...] = ()  # lexical context: `tower`, `strategy`, `no_grad`, `prepared:<arg>`
+    texts: tuple[str, ...] = ()  # the source text of each positional argument
+    assigned: str | None = None  # the name the result is assigned to (`model = build()`)
+
+
+@dataclass(frozen=True)
+class FunctionSummary:
+    qualname: str  # within the module: `conv_bn`, `Net.__init__`, `f.<locals>.g`
+    name: str
+    class_name: str | None
+    loc: Loc
+    params: tuple[ParamSpec, ...]
+    bn: tuple[BNBuild, ...] = ()
+    calls: tuple[CallRecord, ...] = ()
+    facts: tuple[str, ...] = ()
+    returns: tuple[str, ...] = ()  # absolute names of what its return values are built by
+
+    def param(self, name: str) -> ParamSpec | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class ClassSummary:
+    name: str
+    loc: Loc
+    bases: tuple[str, ...]  # absolute dotted names as imported
+    methods: tuple[str, ...]
+    facts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModuleSummary:
+    module: str  # module id (dotted path from the project root)
+    import_name: str  # its name from its package root
+    path: str
+    imports: dict[str, str] = field(default_factory=dict)  # local name -> absolute dotted target
+    star_imports: tuple[str, ...] = ()
+    functions: dict[str, FunctionSummary] = field(default_factory=dict)
+    classes: dict[str, ClassSummary] = field(default_factory=dict)
+    constants: dict[str, Ref] = field(default_factory=dict)
+    facts: tuple[str, ...] = ()
+
+    # -- serialisation -------------------------------------------------------------------------
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "digest": self.digest, "module": self.module,
+            "import_name": self.import_name,
+            "path": self.path, "imports": dict(sorted(self.imports.items())),
+            "star": list(self.star_imports), "facts": list(self.facts),
+            "constants": {k: v.to_data() for k, v in sorted(self.constants.items())},
+            "functions": [_function_data(f) for f in self.functions.values()],
+            "classes": [[c.name, list(c.loc), list(c.bases), list(c.methods), list(c.facts)]
+                        for c in self.classes.values()],
+        }
+
+    @staticmethod
+    def from_data(data: dict[str, Any]) -> ModuleSummary:
+        if data.get("format") != FORMAT:
+            raise ValueError("summary format")
+        functions = {}
+        for item in data["functions"]:
+            function = _function_from(item)
+            functions[function.qualname] = function
+        classes = {c[0]: ClassSummary(c[0], tuple(c[1]), tuple(c[2]), tuple(c[3]), tuple(c[4]))
+                   for c in data["classes"]}
+        summary = ModuleSummary(
+            module=data["module"], import_name=data["import_name"], path=data["path"],
+            imports=dict(data["imports"]), star_imports=tuple(data["star"]),
+            functions=functions, classes=classes,
+            constants={k: Ref.from_data(v) for k, v in data["constants"].items()},
+            facts=tuple(data["facts"]),
+        )
+        if not isinstance(data["digest"], str):
+            raise ValueError("summary digest")
+        summary.__dict__["digest"] = data["digest"]  # as made: a reload must not change it
+        return summary
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What dependents' cached findings are keyed by: a change that leaves the summary the
+        same (a comment, a line that says nothing about BN) does not re-check them. Taken
+        once, when the summary is made (the cache stores it with the summary)."""
+        return hashlib.sha256(pickle.dumps(self, protocol=5)).hexdigest()[:20]
+
+
+def _refs(args: dict[str, Ref]) -> dict[str, Any]:
+    return {k: v.to_data() for k, v in args.items()}
+
+
+def _unrefs(data: dict[str, Any]) -> dict[str, Ref]:
+    return {k: Ref.from_data(v) for k, v in data.items()}
+
+
+def _function_data(f: FunctionSummary) -> list[Any]:
+    return [
+        f.qualname, f.name, f.class_name, list(f.loc),
+        [[p.name, p.index, p.default.to_data() if p.default else None] for p in f.params],
+        [[b.api, b.qualname, list(b.loc), _refs(b.args), b.unpacked] for b in f.bn],
+        [[c.target, list(c.loc), _refs(c.args), c.star, c.bound, list(c.tags), list(c.texts),
+          c.assigned] for c in f.calls],
+        list(f.facts), list(f.returns),
+    ]
+
+
+def _function_from(item: list[Any]) -> FunctionSummary:
+    qualname, name, class_name, loc, params, bn, calls, facts, returns = item
+    return FunctionSummary(
+        qualname=qualname, name=name, class_name=class_name, loc=tuple(loc),  # type: ignore[arg-type]
+        params=tuple(ParamSpec(n, i, Ref.from_data(d) if d else None) for n, i, d in params),
+        bn=tuple(BNBuild(a, q, tuple(lc), _unrefs(args), u) for a, q, lc, args, u in bn),  # type: ignore[arg-type]
+        calls=tuple(CallRecord(t, tuple(lc), _unrefs(args), s, b, tuple(tags), tuple(texts), asg)  # type: ignore[arg-type]
+                    for t, lc, args, s, b, tags, texts, asg in calls),
+        facts=tuple(facts), returns=tuple(returns),
+    )
+
+
+class SummaryStore(Mapping[str, ModuleSummary]):
+    """Summaries by module id, kept as their JSON text until one is asked for (a warm run
+    reads the cache without converting summaries it never consults)."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, ModuleSummary] = {}
+        self._texts: dict[str, str] = {}
+        self.digests: dict[str, str] = {}
+
+    def add(self, summary: ModuleSummary) -> None:
+        self._objects[summary.module] = summary
+        self._texts.pop(summary.module, None)
+        self.digests[summary.module] = summary.digest
+
+    def add_text(self, module: str, text: str, digest: str) -> None:
+        self._texts[module] = text
+        self._objects.pop(module, None)
+        self.digests[module] = digest
+
+    def __getitem__(self, module: str) -> ModuleSummary:
+        found = self._objects.get(module)
+        if found is not None:
+            return found
+        text = self._texts.pop(module)  # KeyError when unknown
+        try:
+            summary = ModuleSummary.from_data(json.loads(text))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise KeyError(module) from exc  # a corrupt cached summary: as if absent
+        self._objects[module] = summary
+        return summary
+
+    def get(self, module: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[module]
+        except KeyError:
+            self.digests.pop(module, None)
+            return default
+
+    def __contains__(self, module: object) -> bool:
+        return module in self._objects or module in self._texts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._objects, *self._texts])
+
+    def __len__(self) -> int:
+        return len(self._objects) + len(self._texts)
+
+    def texts(self) -> dict[str, str]:
+        """Every summary as JSON text (what another process rebuilds the store from)."""
+        out = dict(self._texts)
+        out.update((name, summary_text(s)) for name, s in self._objects.items())
+        return out
+
+    @staticmethod
+    def from_texts(texts: dict[str, str], digests: dict[str, str]) -> SummaryStore:
+        store = SummaryStore()
+        for name, text in texts.items():
+            store.add_text(name, text, digests.get(name, ""))
+        return store
+
+
+def summary_text(summary: ModuleSummary) -> str:
+    return json.dumps(summary.to_data(), separators=(",", ":"))

@@ -1,0 +1,235 @@
+"""The project as one module sees it: what the index knows about other files, attached to the
+module's IR in the IR's own terms, so that rules keep reading only the IR.
+
+Two halves, so that the index stays in one process: `file_context` (where the index is) says,
+as plain data, what the project knows that concerns one module; `attach` (where the module was
+lifted) turns that into IR:
+
+- BN built in other files and reached by this module's first-party calls become `BNSite`s with
+  an `origin` (`ModuleIR.reached_sites`), their arguments bound by the call made here.
+- Calls of this module's functions made in other files become `CallSite`s (with `where` set)
+  on those functions; their callers become `FunctionInfo` proxies with call sites of their own
+  (CALLER_DEPTH levels): calling contexts, and so `ir.bindings`, span the project.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bnfix.ir import (
+    BNSite,
+    CallInfo,
+    CallSite,
+    Const,
+    FromParam,
+    FunctionInfo,
+    ModuleIR,
+    Origin,
+    Param,
+    Pos,
+    Span,
+    Unknown,
+    Value,
+)
+from bnfix.project.index import ProjectIndex, Reach
+from bnfix.project.summarize import Summarizer
+from bnfix.project.summary import MODULE_SCOPE, CallRecord, FunctionSummary, Loc, ParamSpec, Ref
+from bnfix.source.calls import call_info
+
+if TYPE_CHECKING:
+    from bnfix.source.resolve import Resolver
+
+CALLER_DEPTH = 2  # levels of callers in other files attached to a function
+Key = tuple[str, str]  # (module id, function qualname)
+
+
+@dataclass(frozen=True)
+class ForeignFunction:
+    """A function of another file, as far as its callers' contexts need it."""
+
+    path: str
+    qualname: str
+    name: str
+    class_name: str | None
+    loc: Loc
+    params: tuple[ParamSpec, ...]
+
+
+@dataclass(frozen=True)
+class ForeignCall:
+    """A call of `callee` made in another file by `caller` (None: its top-level code)."""
+
+    path: str
+    caller: Key | None
+    call: CallRecord
+    bound: bool
+
+
+@dataclass
+class FileContext:
+    """What the project knows that concerns one module, as plain data."""
+
+    path: str
+    reaches: dict[Loc, tuple[Reach, ...]] = field(default_factory=dict)  # by call location
+    calls: dict[Key, list[ForeignCall]] = field(default_factory=dict)  # callee -> callers
+    functions: dict[Key, ForeignFunction] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.reaches and not self.calls
+
+
+def span(loc: Loc) -> Span:
+    return Span(Pos(loc[0], loc[1]), Pos(loc[2], loc[3]))
+
+
+# -- where the index is ----------------------------------------------------------------------
+
+
+def file_context(index: ProjectIndex, module_id: str) -> FileContext:
+    summary = index.summaries.get(module_id)
+    if summary is None:
+        return FileContext("")
+    context = FileContext(summary.path)
+    for function in summary.functions.values():
+        for call in function.calls:
+            if call.target.startswith("@") and all(
+                    t.module == module_id for t in index.targets(module_id, call.target)):
+                continue  # reached through this module's own functions: seen in-file already
+            reached = tuple(index.reach_at(module_id, call))
+            if reached:
+                context.reaches[call.loc] = reached
+    for function in summary.functions.values():
+        _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, local=module_id)
+    context.notes = list(dict.fromkeys(index.gave_up))
+    return context
+
+
+def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
+             local: str) -> None:
+    if callee in context.calls or depth < 0:
+        return
+    found = []
+    for caller in index.callers(*callee):
+        if caller.module == local and callee[0] == local:
+            continue  # a call inside the module itself: resolved in-file
+        summary = index.summaries[caller.module]
+        bound = next((t.bound for t in index.targets(caller.module, caller.call.target)
+                      if t.key == callee), caller.call.bound)
+        key = None if caller.function == MODULE_SCOPE else (caller.module, caller.function)
+        found.append(ForeignCall(summary.path, key, caller.call, bound))
+        if key is not None and key not in context.functions:
+            function = summary.functions[caller.function]
+            context.functions[key] = ForeignFunction(summary.path, function.qualname,
+                                                     function.name, function.class_name,
+                                                     function.loc, function.params)
+            if caller.module != local:
+                _callers(index, key, context, depth - 1, local)
+    if found:
+        context.calls[callee] = found
+
+
+# -- where the module was lifted ---------------------------------------------------------------
+
+
+class ProjectView:
+    def __init__(self, context: FileContext, module_id: str, catalogue_ids: dict) -> None:  # type: ignore[type-arg]
+        self.context = context
+        self.module_id = module_id
+        self.path = context.path
+        self.by_id = catalogue_ids
+        self._proxies: dict[Key, FunctionInfo] = {}
+
+    def value(self, ref: Ref, function: FunctionInfo | None) -> Value:
+        """A Ref in the terms of `function` (its `p` Refs name its parameters)."""
+        where = None if ref.path in (None, self.path) else ref.path
+        sp = span(ref.loc) if ref.loc else None
+        if ref.kind == "p" and function is not None and ref.value in function.params:
+            return FromParam(function, ref.value, sp if where is None else None)
+        if ref.kind == "c":
+            return Const(ref.value, repr(ref.value), sp, where)
+        return Unknown(str(ref.value), sp, where=where)
+
+    def attach(self, resolver: Resolver, module: ModuleIR) -> None:
+        summarizer = Summarizer(resolver, module, self.module_id, "", self.path)
+        for raw, record in summarizer.call_records():
+            for reach in self.context.reaches.get(record.loc, ()):
+                spec = self.by_id.get(reach.api)
+                if spec is None:
+                    continue
+                function = raw.ctx.function
+                module.reached_sites.append(BNSite(
+                    api=spec.ref,
+                    qualname=reach.qualname,
+                    call=call_info(resolver.text, raw.call),
+                    args={},
+                    function=function,
+                    unpacked=reach.unpacked,
+                    origin=Origin(reach.path, span(reach.loc),
+                                  tuple((p, span(lc), callee) for p, lc, callee in reach.via)),
+                    bound={name: self.value(ref, function) for name, ref in reach.args.items()},
+                    settable=dict(reach.settable),
+                ))
+        resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
+        for function in resolver.w.functions:
+            for call in self.context.calls.get((self.module_id, function.qualname), ()):
+                function.call_sites.append(self._call_site(call, function, CALLER_DEPTH))
+        module.project_notes.extend(self.context.notes)
+
+    def _call_site(self, call: ForeignCall, target: FunctionInfo, depth: int) -> CallSite:
+        caller = self._proxy(call.caller, depth - 1) if call.caller is not None else None
+        args: dict[str, Value] = {}
+        ordered = sorted((p for p in target.params.values() if p.positional), key=lambda p: p.index)
+        if call.bound:
+            ordered = ordered[1:]
+        for name in target.params:
+            ref = call.call.args.get(name)
+            if ref is None:
+                position = next((i for i, p in enumerate(ordered) if p.name == name), None)
+                ref = call.call.args.get(f"#{position}") if position is not None else None
+            if ref is not None:
+                args[name] = self._foreign(ref, caller, call.path)
+            elif call.call.star:
+                args[name] = Unknown("*args/**kwargs", None, where=call.path)
+        sp = span(call.call.loc)
+        info = CallInfo(sp, call.call.target.lstrip("@").rsplit(".", 1)[-1], None, sp.end, False,
+                        sp.start.row != sp.end.row)
+        where = None if call.path == self.path else call.path
+        return CallSite(sp, args, info, caller, where=where, tags=call.call.tags)
+
+    def _foreign(self, ref: Ref, caller: FunctionInfo | None, path: str) -> Value:
+        """A value written in another file (or this one), in the terms of its caller."""
+        sp = span(ref.loc) if ref.loc else None
+        if ref.kind == "p" and caller is not None and ref.value in caller.params:
+            return FromParam(caller, ref.value, None)
+        where = ref.path or path
+        if where == self.path:
+            where = None
+        if ref.kind == "c":
+            return Const(ref.value, repr(ref.value), sp, where)
+        return Unknown(str(ref.value), sp, where=where)
+
+    def _proxy(self, key: Key, depth: int) -> FunctionInfo | None:
+        """A caller in another file, as a FunctionInfo whose call sites are its own callers."""
+        if key in self._proxies:
+            return self._proxies[key]
+        function = self.context.functions.get(key)
+        if function is None:
+            return None
+        params = {}
+        for p in function.params:
+            default = self._foreign(p.default, None, function.path) if p.default else None
+            params[p.name] = Param(p.name, default, None, p.index >= 0, p.index)
+        where = None if function.path == self.path else function.path
+        proxy = FunctionInfo(f"{key[0]}.{key[1]}", function.name, function.class_name,
+                             span(function.loc), params, where=where)
+        self._proxies[key] = proxy
+        if depth > 0:
+            for call in self.context.calls.get(key, ()):
+                proxy.call_sites.append(self._call_site(call, proxy, depth))
+        return proxy
+
+
+__all__ = ["FileContext", "FunctionSummary", "ProjectView", "file_context"]
