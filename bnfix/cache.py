@@ -188,8 +188,12 @@ class Cache:
         self.entries.pop(self.name(path), None)
 
     @staticmethod
-    def diagnostics(findings: Findings, shown: str) -> list[Diagnostic]:
-        return [diagnostic_from_dict(d, shown) for d in findings.diagnostics]
+    def diagnostics(findings: Findings, shown: str) -> list[Diagnostic] | None:
+        """The cached findings, or None when one of them is malformed (then: a miss)."""
+        try:
+            return [diagnostic_from_dict(d, shown) for d in findings.diagnostics]
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
 
     @staticmethod
     def findings(ignored: frozenset[str], consulted: str,

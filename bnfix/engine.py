@@ -148,20 +148,30 @@ class Engine:
         self.all_syntax_errors = all_syntax_errors
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
-        by_code: dict[str, tuple[str, ...]] = {}
-        for code in sorted(enabled - ENGINE_CODES):
-            words: list[str] = []
-            for trigger in book.rules[code].triggers:
-                if trigger == BN_APIS or trigger.startswith(BN_APIS + ":"):
-                    framework = trigger.partition(":")[2] or None
-                    words.extend(book.catalogue.trigger_words(framework))
-                else:
-                    words.append(trigger)
-            by_code[code] = tuple(sorted(set(words)))
+        by_code = {code: tuple(sorted(set(self._words(book.rules[code].triggers))))
+                   for code in sorted(enabled - ENGINE_CODES)}
         self.triggers = Triggers(by_code)
+        # what makes a file worth summarising for the project: any source rule's words (the
+        # rules enabled here may read what other files' code says), and the catalogue's list
+        words = {"summary": tuple(book.catalogue.training.get("summary", {}).get("words", ()))}
+        for code, rule in book.rules.items():
+            if rule.target == "source" and code not in ENGINE_CODES:
+                words[code] = tuple(self._words(rule.triggers))
+        self.summary_triggers = Triggers(words)
         # rules that can fire on what other files of the project say (checked in a file that
         # calls or is called by BN code elsewhere, whatever its own words)
         self.project_codes = frozenset(c for c in enabled if book.rules[c].project)
+
+    def _words(self, triggers: tuple[str, ...]) -> list[str]:
+        """A rule's trigger words (`@bn-apis[:framework]` expands to the catalogue's BN names)."""
+        words: list[str] = []
+        for trigger in triggers:
+            if trigger == BN_APIS or trigger.startswith(BN_APIS + ":"):
+                framework = trigger.partition(":")[2] or None
+                words.extend(self.book.catalogue.trigger_words(framework))
+            else:
+                words.append(trigger)
+        return words
 
     @cached_property
     def catalogue_ids(self) -> dict[str, ApiSpec]:
@@ -326,7 +336,8 @@ def diagnostic_to_dict(d: Diagnostic) -> dict:
         fix = {"a": d.fix.applicability.value, "m": d.fix.message,
                "e": [[*_span(e.span), e.content] for e in d.fix.edits if isinstance(e, Edit)]}
     return {"c": d.code, "n": d.name, "s": _span(d.span), "m": d.message, "f": fix, "u": d.url,
-            "x": [list(row) for row in d.snippet]}
+            "x": [list(row) for row in d.snippet],
+            "r": [[r.path, *_span(r.span), r.message] for r in d.related]}
 
 
 def diagnostic_from_dict(data: dict, path: str) -> Diagnostic:
@@ -336,7 +347,8 @@ def diagnostic_from_dict(data: dict, path: str) -> Diagnostic:
         edits = tuple(Edit(_unspan(e[:4]), e[4]) for e in f["e"])
         fix = Fix(Applicability(f["a"]), f["m"], edits)
     return Diagnostic(path, data["c"], data["n"], _unspan(data["s"]), data["m"], fix, data["u"],
-                      tuple((row, text) for row, text in data["x"]))
+                      tuple((row, text) for row, text in data["x"]),
+                      tuple(RelatedLocation(r[0], _unspan(r[1:5]), r[5]) for r in data["r"]))
 
 
 def _span(span: Span) -> list[int]:

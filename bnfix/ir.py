@@ -420,6 +420,7 @@ class ApiRef:
     defaults: dict[str, object]
     migration: Migration | None = None  # set for deprecated APIs
     synced_counterpart: str | None = None  # what synchronizes it across devices (BN006)
+    registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -704,6 +705,21 @@ class Marker:
     text: str
 
 
+@dataclass(frozen=True)
+class Mark:
+    """Something other files' rules may ask about a module: `arg_scope:<api id>` (an arg_scope
+    gives a BN API defaults), `loads_weights`, `ema_restore`, `registers:<collection>`."""
+
+    kind: str
+    span: Span
+    path: str | None = None  # None: the module being checked
+    function: str | None = None  # qualname of the function it is in
+
+    def where(self) -> str:
+        return f"{shown_path(self.path)}:{self.span.start.row}" if self.path else \
+            f"line {self.span.start.row}"
+
+
 @dataclass
 class ModuleIR:
     """Everything a source file lifts into."""
@@ -742,6 +758,10 @@ class ModuleIR:
     # module's calls reach, and facts the summaries of other files state about this one.
     reached_sites: list[BNSite] = field(default_factory=list)
     project_notes: list[str] = field(default_factory=list)  # where cross-file analysis gave up
+    marks: list[Mark] = field(default_factory=list)  # this module's marks
+    project_marks: list[Mark] = field(default_factory=list)  # every file's (empty: no project)
+    reached_facts: dict[str, list[Origin]] = field(default_factory=dict)  # facts of code it calls
+    project_apis: dict[str, ApiRef] = field(default_factory=dict)  # BN APIs the project builds
 
     def all_bn_sites(self) -> list[BNSite]:
         """BN built here and BN built elsewhere by the first-party code this module calls."""

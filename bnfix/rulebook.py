@@ -37,10 +37,15 @@ class RuleBookError(Exception):
 @dataclass(frozen=True)
 class Example:
     kind: str  # valid | invalid | fix
-    source: str  # "" for an artifact rule's example
+    source: str  # "" for an artifact rule's example, or a multi-file one
     lines: tuple[int, ...] = ()  # rows where an invalid example must be flagged
     fixed: str | None = None  # the expected result of `fix --unsafe-fixes`
     name: str = ""
+    # a multi-file example: a small project (path -> source), the rows flagged per file, and
+    # the files a fix changes (path -> expected text)
+    files: dict[str, str] | None = field(default=None, compare=False)
+    file_lines: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
+    fixed_files: dict[str, str] | None = field(default=None, compare=False)
     # artifact rules: the artifact IR as plain data (`bnfix.artifacts.literal`), or a file to
     # write and read ({name, text | hex}); `flagged`: the layers an invalid example reports
     artifact: dict[str, Any] | None = field(default=None, compare=False)
@@ -136,6 +141,7 @@ class ApiSpec:
     synced: bool
     synced_counterpart: str | None
     migration: Migration | None = None
+    registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
 
     def canonical_name(self, param: str) -> str:
         return self.canonical.get(param, param)
@@ -153,6 +159,7 @@ class ApiSpec:
             defaults=dict(self.defaults),
             migration=self.migration,
             synced_counterpart=self.synced_counterpart,
+            registers=self.registers,
         )
 
 
@@ -284,6 +291,9 @@ def _load_rule(path: Path) -> Rule:
         if target == "artifact":
             examples.append(_artifact_example(ex, kind, i, path))
             continue
+        if "files" in ex:
+            examples.append(_project_example(ex, kind, i, path))
+            continue
         examples.append(
             Example(
                 kind=kind,
@@ -328,6 +338,27 @@ def _flag(data: dict[str, Any], key: str, default: bool, path: Path) -> bool:
     return value
 
 
+def _project_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Example:
+    """A multi-file example: `files` (path -> source), `lines` (path -> flagged rows) and, for
+    a fix example, `fixed` (path -> expected text of each file the fix changes)."""
+    files, lines, fixed = ex["files"], ex.get("lines", {}), ex.get("fixed")
+    where = f"{path}: example {i}"
+    if not isinstance(files, dict) or len(files) < 2 or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise RuleBookError(f"{where}: `files` maps two or more paths to sources")
+    if not isinstance(lines, dict) or not set(lines) <= set(files):
+        raise RuleBookError(f"{where}: `lines` maps paths of `files` to flagged rows")
+    if kind == "valid" and lines:
+        raise RuleBookError(f"{where}: a valid example flags no rows")
+    if kind != "valid" and not any(lines.values()):
+        raise RuleBookError(f"{where}: an {kind} example lists the rows it flags")
+    if kind == "fix" and (not isinstance(fixed, dict) or not set(fixed) <= set(files)):
+        raise RuleBookError(f"{where}: `fixed` maps paths of `files` to their fixed text")
+    return Example(kind=kind, source="", name=ex.get("name", f"{kind}-{i}"), files=dict(files),
+                   file_lines={k: tuple(v) for k, v in lines.items()},
+                   fixed_files=dict(fixed) if fixed else None)
+
+
 def _artifact_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Example:
     """An artifact rule's example: an artifact (as data) or a file, and the flagged layers."""
     if kind == "fix":
@@ -367,13 +398,14 @@ def _load_catalogue(folder: Path) -> Catalogue:
                 momentum_convention=entry.get("momentum_convention", "none"),
                 synced=bool(entry.get("synced", False)),
                 synced_counterpart=entry.get("synced_counterpart"),
+                registers=tuple(entry.get("registers", ())),
             )
             for name in spec.names:
                 if name in cat.apis:
                     raise RuleBookError(f"{path}: `{name}` is in two catalogue entries")
                 cat.apis[name] = spec
         for key in ("functions", "methods", "collections", "train_ops", "variable_sources",
-                    "collection_sources", "training_flags", "optimizers"):
+                    "collection_sources", "training_flags", "optimizers", "restores", "summary"):
             if key in data:
                 for name, value in data[key].items():
                     table = cat.training.setdefault(key, {})

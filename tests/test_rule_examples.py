@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from bnfix import check_source, fix_source, load_rulebook
+from pathlib import Path
+
+from bnfix import check_paths, check_source, fix_source, load_rulebook
 from bnfix.checks import ENGINE_CODES
 
 BOOK = load_rulebook()
@@ -18,7 +20,12 @@ ARTIFACT_RULES = {code: rule for code, rule in BOOK.rules.items() if rule.target
 CASES = [
     pytest.param(rule, example, id=f"{code}-{example.kind}-{example.name}")
     for code, rule in sorted(SOURCE_RULES.items())
-    for example in rule.examples
+    for example in rule.examples if example.files is None
+]
+PROJECT_CASES = [
+    pytest.param(rule, example, id=f"{code}-{example.kind}-{example.name}")
+    for code, rule in sorted(SOURCE_RULES.items())
+    for example in rule.examples if example.files is not None
 ]
 ARTIFACT_CASES = [
     pytest.param(rule, example, id=f"{code}-{example.kind}-{example.name}")
@@ -44,6 +51,43 @@ def test_example(rule, example):
         assert _rows(rule.code, result.text) == []
         again = fix_source(result.text, "example.py", unsafe_fixes=True)
         assert again.text == result.text, "fixing twice must equal fixing once"
+
+
+def _project_rows(code: str, root) -> dict[str, list[int]]:
+    report = check_paths([root], select=[code])
+    rows: dict[str, list[int]] = {}
+    for d in report.remaining:
+        rows.setdefault(Path(d.path).relative_to(root).as_posix(), []).append(d.span.start.row)
+    return {k: sorted(v) for k, v in rows.items()}
+
+
+@pytest.mark.parametrize(("rule", "example"), PROJECT_CASES)
+def test_project_example(rule, example, tmp_path):
+    """A multi-file example is checked as a project: each file flagged on exactly its rows."""
+    root = tmp_path / "project"
+    for name, source in example.files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source.lstrip("\n"), encoding="utf-8")
+    expected = {k: sorted(v) for k, v in example.file_lines.items() if v}
+    assert _project_rows(rule.code, root) == expected
+    if example.kind == "fix":
+        check_paths([root], select=[rule.code], fix=True, unsafe_fixes=True)
+        for name, source in example.files.items():
+            text = (root / name).read_text(encoding="utf-8")
+            wanted = example.fixed_files.get(name, source).lstrip("\n")
+            assert text == wanted, f"{name} after the fix"
+        assert _project_rows(rule.code, root) == {}
+        before = {n: (root / n).read_text(encoding="utf-8") for n in example.files}
+        check_paths([root], select=[rule.code], fix=True, unsafe_fixes=True)
+        assert {n: (root / n).read_text(encoding="utf-8") for n in example.files} == before, \
+            "fixing twice must equal fixing once"
+
+
+@pytest.mark.parametrize("code", sorted(set(SOURCE_RULES) - ENGINE_CODES))
+def test_every_source_rule_has_multi_file_examples(code):
+    kinds = {e.kind for e in BOOK.rules[code].examples if e.files is not None}
+    assert "valid" in kinds and kinds & {"invalid", "fix"}, \
+        f"{code} needs a multi-file invalid and a multi-file valid example"
 
 
 @pytest.mark.parametrize("code", sorted(set(SOURCE_RULES) - {"BN901"}))

@@ -22,6 +22,7 @@ from bnfix.ir import (
     Finding,
     Fix,
     FromParam,
+    FunctionInfo,
     GradientSum,
     ModuleIR,
     Pos,
@@ -32,6 +33,7 @@ from bnfix.ir import (
     TrainOp,
     Value,
     VarsExpr,
+    VarsTerm,
     WrapStatements,
     bindings,
     is_const,
@@ -227,8 +229,15 @@ def _inside_block(tower: TowerLoop, row: int) -> bool:
 
 @check("BN002")
 def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
+    if not _builds_update_ops(module):
+        return
     for get in module.collection_gets:
-        if get.key != "UPDATE_OPS" or get.scoped or get.tower is None:
+        if get.key != "UPDATE_OPS" or get.scoped:
+            continue
+        if get.tower is None:
+            site = _called_per_tower(get.function)
+            if site is not None:
+                yield _per_tower_finding(get, site)
             continue
         tower = get.tower
         where = "inside" if get.inside_tower else "after"
@@ -243,6 +252,45 @@ def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
             "once per tower each step; collect one tower's updates (its name scope)"
         )
         yield Finding("BN002", get.call.span, message, _bn002_fix(module, get, tower))
+
+
+def _builds_update_ops(module: ModuleIR) -> bool:
+    """Some BN the module builds or reaches publishes update ops (with no BN known here, the
+    project's BN APIs answer)."""
+    sites = module.all_bn_sites()
+    if sites:
+        return any(s.api.updates == "update_ops" for s in sites)
+    return any(api.updates == "update_ops" for api in module.project_apis.values()) or \
+        not module.project_apis
+
+
+def _called_per_tower(function: FunctionInfo | None, depth: int = 2) -> CallSite | None:
+    """A call of `function` (or of a function calling it) made inside a tower loop, here or
+    in another file of the project."""
+    if function is None or depth == 0:
+        return None
+    for site in function.call_sites:
+        if "tower" in site.tags:
+            return site
+    for site in function.call_sites:
+        found = _called_per_tower(site.caller, depth - 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _per_tower_finding(get: CollectionGet, site: CallSite) -> Finding:
+    assert get.function is not None
+    message = (
+        f"`{get.call.callee}(UPDATE_OPS)` without a scope in `{get.function.name}`, which runs "
+        f"once per tower (called inside the tower loop {_call_place(site)}): from the second "
+        "tower on it collects the update ops of every tower built so far, so the shared moving "
+        "mean/variance are updated several times per step; collect the current tower's updates "
+        "(pass its name scope in)"
+    )
+    fix = Fix(DISPLAY, "Pass the tower's name scope and collect `UPDATE_OPS` from it", ())
+    return Finding("BN002", get.call.span, message, fix,
+                   (_call_related(site, "calls it once per tower"),))
 
 
 def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
@@ -275,17 +323,44 @@ def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
 # BN003 update-ops-not-run
 
 
+def stats_never_read(sites: list[BNSite]) -> bool:
+    """Every BN is hard-wired to batch statistics (`training=True` written at the BN call or
+    at each call of the layer object): the moving statistics are never used, so how (or
+    whether) they update does not matter. A flag passed in from elsewhere is not hard-wired:
+    another caller (an evaluation script) may pass False."""
+    return all(_hard_wired(s) for s in sites)
+
+
+def _hard_wired(site: BNSite) -> bool:
+    if site.api.kind != "function":
+        calls = site.instance_calls
+        return bool(calls) and all(
+            "training" in c.args and is_const(c.args["training"].value, True)
+            and c.args["training"].value.span == c.args["training"].value_span for c in calls)
+    value = site.value("training")
+    if not (isinstance(value, Const) and value.value is True and value.span is not None):
+        return False
+    if site.origin is None:
+        return value.where is None and _within(value.span, site.call.span)
+    return value.where == site.origin.path and _within(value.span, site.origin.span)
+
+
 @check("BN003")
 def update_ops_not_run(module: ModuleIR) -> Iterator[Finding]:
     sites = [
-        s for s in module.bn_sites
+        s for s in module.all_bn_sites()
         if s.api.updates == "update_ops"
         and not is_const(s.value("updates_collections"), None)
         and training_mode(s)
     ]
-    if not sites:
+    if not sites or stats_never_read(sites):
         return
-    names = ", ".join(sorted({f"`{s.call.callee}`" for s in sites}))
+    names = ", ".join(sorted({f"`{s.call.callee}`" if s.origin is None else _reached(s)
+                              for s in sites})[:3])
+    if len(sites) > 3:
+        names += f" and {len(sites) - 3} more"
+    reached = next((s for s in sites if s.origin is not None), None)
+    related = tuple(_origin_related(reached)) if reached is not None else ()
     for op in module.train_ops:
         if op.adds_update_ops or "UPDATE_OPS" in op.control_keys:
             continue
@@ -298,7 +373,7 @@ def update_ops_not_run(module: ModuleIR) -> Iterator[Finding]:
             f"the train op `{op.call.callee}(...)` never runs the batch-norm update ops ({cause}):"
             f" the moving mean/variance of {names} stay at 0 and 1 and inference uses them"
         )
-        yield Finding("BN003", op.call.span, message, _bn003_fix(module, op))
+        yield Finding("BN003", op.call.span, message, _bn003_fix(module, op), related)
 
 
 def _bn003_fix(module: ModuleIR, op: TrainOp) -> Fix:
@@ -324,45 +399,111 @@ def _bn003_fix(module: ModuleIR, op: TrainOp) -> Fix:
 # BN004 double-ema-of-bn-stats
 
 
+def _mentions(site: BNSite, canonical: str, key: str) -> bool:
+    """The BN's `canonical` argument (a collections spec) names collection `key`."""
+    value = site.value(canonical)
+    return value is not None and key in getattr(value, "text", "")
+
+
+def _registers(module: ModuleIR, key: str) -> list[str]:
+    """Where BN moving statistics of the BN this module uses join collection `key`: a BN
+    whose API registers there (contrib/slim: MODEL_VARIABLES), one whose
+    `variables_collections` names it, or first-party code that adds variables to it (a
+    custom BN). When the module reaches no BN at all (the model is built by code the analysis
+    cannot follow), the BN the whole project builds answers — if all of it answers alike."""
+    sites = module.all_bn_sites()
+    places = [f"`{s.call.callee}` at line {s.span.start.row}" for s in sites
+              if key in s.api.registers or _mentions(s, "variables_collections", key)]
+    places += [m.where() for m in module.marks if m.kind == f"registers:{key}"]
+    places += [f"{shown_path(o.path)}:{o.span.start.row}"
+               for o in module.reached_facts.get(f"registers:{key}", [])]
+    if places or sites or not module.project_apis and not module.project_marks:
+        return places
+    apis = module.project_apis
+    custom = [m.where() for m in module.project_marks if m.kind == f"registers:{key}"]
+    if apis and all(key in api.registers for api in apis.values()):
+        return [f"the project builds its BN with {', '.join(sorted(apis))}"]
+    if custom and not apis:
+        return custom
+    return []
+
+
+def _bn_in_use(module: ModuleIR) -> bool:
+    return bool(module.all_bn_sites() or module.project_apis)
+
+
 @check("BN004")
 def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
-    polluted = [
-        s for s in module.bn_sites
-        if "variables_collections" in s.args
-        and "TRAINABLE_VARIABLES" in getattr(s.args["variables_collections"].value, "text", "")
-    ]
+    polluted = [s for s in module.all_bn_sites()
+                if _mentions(s, "variables_collections", "TRAINABLE_VARIABLES")]
     for apply in module.ema_applies:
         var_list = apply.var_list
         if var_list is None:
             continue
-        tags = var_list.tags
-        direct = "moving_stats" in tags
-        if not direct and not (polluted and "trainable" in tags):
-            continue
-        if direct:
-            sources = ", ".join(f"`{t.text}`" for t in var_list.terms if "moving_stats" in t.tags)
+        holders = _stat_holders(module, var_list)
+        if holders:
+            terms = ", ".join(f"`{t.text}`" for t, _ in holders)
             origin = f" through `{var_list.local_name}`" if var_list.local_name else ""
+            evidence = "; ".join(sorted({why for _, why in holders}))
             message = (
-                f"`{apply.call.callee}(...)` also averages the BN moving mean/variance ({sources}"
-                f"{origin}): they are already exponential moving averages, so their EMA shadows "
-                "lag twice behind and are what an evaluation restore loads; average the trainable "
-                "variables only"
+                f"`{apply.call.callee}(...)` also averages the BN moving mean/variance ({terms}"
+                f"{origin}: {evidence}): they are already exponential moving averages, so their "
+                "EMA shadows lag twice behind and are what an evaluation restore loads; average "
+                "the trainable variables only"
             )
-            yield Finding("BN004", apply.call.span, message, _bn004_fix(module, var_list))
-        else:
+            yield Finding("BN004", apply.call.span, message, _bn004_fix(module, var_list),
+                          _restore_related(module))
+        elif polluted and "trainable" in var_list.tags:
+            first = polluted[0]
+            where = f"line {first.span.start.row}" if first.origin is None else \
+                first.origin.describe()
             message = (
-                f"`{apply.call.callee}(...)` averages trainable variables, but a BN at line "
-                f"{polluted[0].span.start.row} puts its moving statistics in TRAINABLE_VARIABLES "
-                "(`variables_collections`): they get a second moving average (and gradients)"
+                f"`{apply.call.callee}(...)` averages trainable variables, but a BN ({where}) "
+                "puts its moving statistics in TRAINABLE_VARIABLES (`variables_collections`): "
+                "they get a second moving average (and gradients)"
             )
             fix = Fix(DISPLAY, "Keep the moving statistics out of TRAINABLE_VARIABLES", ())
-            yield Finding("BN004", apply.call.span, message, fix)
+            yield Finding("BN004", apply.call.span, message, fix, tuple(_origin_related(first)))
+
+
+def _stat_holders(module: ModuleIR, var_list: VarsExpr) -> list[tuple[VarsTerm, str]]:
+    """The terms of an EMA's var_list that hold BN moving statistics, and why."""
+    out = []
+    for term in var_list.terms:
+        if "stats:global" in term.tags and _bn_in_use(module):
+            out.append((term, "every BN's moving statistics are global variables"))
+        elif "stats:model" in term.tags:
+            places = _registers(module, "MODEL_VARIABLES")
+            if places:
+                out.append((term, f"model variables hold them ({places[0]})"))
+        elif "stats:moving_average" in term.tags:
+            places = _registers(module, "MOVING_AVERAGE_VARIABLES")
+            if places:
+                out.append((term, f"the BN registers them in MOVING_AVERAGE_VARIABLES "
+                                  f"({places[0]})"))
+    return out
+
+
+def _holds_stats(term: VarsTerm) -> bool:
+    return any(tag.startswith("stats:") for tag in term.tags)
+
+
+def _restore_related(module: ModuleIR) -> tuple[Related, ...]:
+    marks = [m for m in (*module.marks, *module.project_marks) if m.kind == "ema_restore"]
+    return tuple(Related(m.path, m.span, "restores the EMA shadows (the fix must keep this "
+                                         "working)") for m in marks[:3])
 
 
 def _bn004_fix(module: ModuleIR, var_list: VarsExpr) -> Fix:
+    restores = [m for m in (*module.marks, *module.project_marks) if m.kind == "ema_restore"]
+    if restores:
+        places = ", ".join(m.where() for m in restores[:3])
+        return Fix(DISPLAY, "Average the trainable variables only, and restore the BN moving "
+                            f"statistics themselves where the EMA shadows are restored ({places}): "
+                            "changing one side alone breaks that restore", ())
     prefix = module.tf1_prefix
-    kept = [t.text for t in var_list.terms if "moving_stats" not in t.tags]
-    if not any("trainable" in t.tags for t in var_list.terms if "moving_stats" not in t.tags):
+    kept = [t.text for t in var_list.terms if not _holds_stats(t)]
+    if not any("trainable" in t.tags for t in var_list.terms if not _holds_stats(t)):
         if prefix is None:
             return Fix(DISPLAY, "Average `trainable_variables()` only", ())
         kept.insert(0, f"{prefix}.trainable_variables()")

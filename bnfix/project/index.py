@@ -69,6 +69,9 @@ class ProjectIndex:
         self._busy: set[tuple[str, str]] = set()
         self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
         self._callers: dict[tuple[str, str], list[Caller]] | None = None
+        self._facts: dict[tuple[str, str], dict[str, list[tuple[str, Loc]]]] = {}
+        self._marks: list[tuple[str, str, Loc, str | None]] | None = None
+        self._apis: set[str] | None = None
         self.gave_up: list[str] = []  # where resolution stopped (cycles, depth)
 
     # -- resolution ------------------------------------------------------------------------
@@ -287,6 +290,50 @@ class ProjectIndex:
         if spec.default is not None:
             return spec.default.at(callee_path), False
         return UNKNOWN, False
+
+    def facts_reached(self, module: str, qualname: str) -> dict[str, list[tuple[str, Loc]]]:
+        """The facts of every function that calling `module.qualname` runs (itself included),
+        each with where that function is."""
+        key = (module, qualname)
+        if key in self._facts:
+            return self._facts[key]
+        self._facts[key] = {}  # a recursive call contributes nothing further up the stack
+        function = self.function(module, qualname)
+        summary = self.summaries.get(module)
+        out: dict[str, list[tuple[str, Loc]]] = {}
+        if function is not None and summary is not None:
+            for fact in function.facts:
+                out.setdefault(fact, []).append((summary.path, function.loc))
+            for call in function.calls:
+                for fact, places in self.facts_at(module, call).items():
+                    out.setdefault(fact, []).extend(p for p in places if p not in out[fact])
+        self._facts[key] = out
+        return out
+
+    def facts_at(self, module: str, call: CallRecord) -> dict[str, list[tuple[str, Loc]]]:
+        out: dict[str, list[tuple[str, Loc]]] = {}
+        for target in self.targets(module, call.target):
+            for fact, places in self.facts_reached(*target.key).items():
+                out.setdefault(fact, []).extend(places)
+        return out
+
+    def project_marks(self) -> list[tuple[str, str, Loc, str | None]]:
+        """Every module's marks: (kind, file, location, function)."""
+        if self._marks is None:
+            self._marks = []
+            self._apis = set()
+            for name in list(self.summaries):
+                summary = self.summaries.get(name)
+                if summary is None:
+                    continue
+                self._marks.extend((k, summary.path, lc, f) for k, lc, f in summary.marks)
+                self._apis.update(b.api for f in summary.functions.values() for b in f.bn)
+        return self._marks
+
+    def project_apis(self) -> frozenset[str]:
+        """The BN API ids the project builds anywhere."""
+        self.project_marks()
+        return frozenset(self._apis or ())
 
     # -- who calls whom ----------------------------------------------------------------------
 

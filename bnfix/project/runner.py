@@ -292,7 +292,7 @@ class ProjectRunner:
         if findings.ignored != tuple(sorted(plan.ignored)) or findings.consulted != consulted:
             return None
         diagnostics = Cache.diagnostics(findings, plan.shown)
-        if self.fix and _has_fixes(diagnostics, self.unsafe):
+        if diagnostics is None or (self.fix and _has_fixes(diagnostics, self.unsafe)):
             return None  # there is something to fix: run it
         return FileResult(plan.shown, diagnostics, ignored=plan.ignored, unchanged=True,
                           digest=entry.digest)

@@ -93,6 +93,7 @@ class Summarizer:
             classes=self._classes(),
             constants=self._constants(),
             facts=tuple(sorted(self.module_facts())),
+            marks=tuple((m.kind, loc(m.span), m.function) for m in self.module.marks),
         )
 
     def _params(self, function: FunctionInfo) -> tuple[ParamSpec, ...]:
@@ -152,15 +153,8 @@ class Summarizer:
         """Where the call sits: in a TF1 tower loop, under a tf.distribute strategy scope, in
         an evaluation region; and which of its arguments were put in eval mode before it in
         the same function."""
-        tags = []
-        if any(loop.device is not None and loop.reuse for loop in raw.ctx.loops):
-            tags.append("tower")
+        tags = list(self.r.call_tags(raw))
         row = raw.call.lineno
-        if any(s.function is raw.ctx.function and s.first_row <= row <= s.last_row
-               for s in self.module.device_scopes):
-            tags.append("strategy")
-        if raw.ctx.region is not None:
-            tags.append("no_grad")
         evals = self._evals.get(id(raw.ctx.function), {})
         for text in texts:
             if text in evals and evals[text] < row:
@@ -208,6 +202,9 @@ class Summarizer:
         facts: dict[str, set[str]] = {}
         for name in self.module.freezers:
             facts.setdefault(name, set()).add("freezes_bn")
+        for mark in self.module.marks:
+            if mark.kind.startswith("registers:"):
+                facts.setdefault(mark.function or MODULE_SCOPE, set()).add(mark.kind)
         return facts
 
     def module_facts(self) -> set[str]:

@@ -122,6 +122,7 @@ class ModuleSummary:
     classes: dict[str, ClassSummary] = field(default_factory=dict)
     constants: dict[str, Ref] = field(default_factory=dict)
     facts: tuple[str, ...] = ()
+    marks: tuple[tuple[str, Loc, str | None], ...] = ()  # (kind, where, function qualname)
 
     # -- serialisation -------------------------------------------------------------------------
 
@@ -131,6 +132,7 @@ class ModuleSummary:
             "import_name": self.import_name,
             "path": self.path, "imports": dict(sorted(self.imports.items())),
             "star": list(self.star_imports), "facts": list(self.facts),
+            "marks": [[k, list(lc), f] for k, lc, f in self.marks],
             "constants": {k: v.to_data() for k, v in sorted(self.constants.items())},
             "functions": [_function_data(f) for f in self.functions.values()],
             "classes": [[c.name, list(c.loc), list(c.bases), list(c.methods), list(c.facts)]
@@ -153,6 +155,7 @@ class ModuleSummary:
             functions=functions, classes=classes,
             constants={k: Ref.from_data(v) for k, v in data["constants"].items()},
             facts=tuple(data["facts"]),
+            marks=tuple((k, tuple(lc), f) for k, lc, f in data["marks"]),  # type: ignore[misc]
         )
         if not isinstance(data["digest"], str):
             raise ValueError("summary digest")

@@ -24,6 +24,7 @@ from bnfix.ir import (
     Const,
     FromParam,
     FunctionInfo,
+    Mark,
     ModuleIR,
     Origin,
     Param,
@@ -75,10 +76,13 @@ class FileContext:
     calls: dict[Key, list[ForeignCall]] = field(default_factory=dict)  # callee -> callers
     functions: dict[Key, ForeignFunction] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    marks: list[tuple[str, str, Loc, str | None]] = field(default_factory=list)  # other files'
+    facts: dict[str, list[tuple[str, Loc]]] = field(default_factory=dict)  # of code it calls
+    apis: frozenset[str] = frozenset()  # BN APIs the project builds
 
     @property
     def empty(self) -> bool:
-        return not self.reaches and not self.calls
+        return not self.reaches and not self.calls and not self.marks and not self.facts
 
 
 def span(loc: Loc) -> Span:
@@ -101,8 +105,14 @@ def file_context(index: ProjectIndex, module_id: str) -> FileContext:
             reached = tuple(index.reach_at(module_id, call))
             if reached:
                 context.reaches[call.loc] = reached
+            for fact, places in index.facts_at(module_id, call).items():
+                context.facts.setdefault(fact, []).extend(
+                    p for p in places if p[0] != summary.path)
+    context.facts = {k: v for k, v in context.facts.items() if v}
     for function in summary.functions.values():
         _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, local=module_id)
+    context.marks = [m for m in index.project_marks() if m[1] != summary.path]
+    context.apis = index.project_apis()
     context.notes = list(dict.fromkeys(index.gave_up))
     return context
 
@@ -177,6 +187,11 @@ class ProjectView:
             for call in self.context.calls.get((self.module_id, function.qualname), ()):
                 function.call_sites.append(self._call_site(call, function, CALLER_DEPTH))
         module.project_notes.extend(self.context.notes)
+        module.project_marks = [Mark(kind, span(lc), path, function)
+                                for kind, path, lc, function in self.context.marks]
+        module.reached_facts = {fact: [Origin(path, span(lc)) for path, lc in places]
+                                for fact, places in self.context.facts.items()}
+        module.project_apis = {a: self.by_id[a].ref for a in self.context.apis if a in self.by_id}
 
     def _call_site(self, call: ForeignCall, target: FunctionInfo, depth: int) -> CallSite:
         caller = self._proxy(call.caller, depth - 1) if call.caller is not None else None

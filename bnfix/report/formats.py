@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bnfix import __version__
 from bnfix.engine import Diagnostic, FileResult
-from bnfix.ir import Applicability, Edit, Pos
+from bnfix.ir import Applicability, Edit, Pos, shown_path
 from bnfix.rulebook import RuleBook
 
 FORMATS = ("full", "concise", "json", "github", "sarif")
@@ -46,6 +46,10 @@ def _full(d: Diagnostic, unsafe: bool) -> str:
                 if end > start:
                     lines.append(f"{pad} | {' ' * start}{'^' * (end - start)}")
         lines.append(f"{pad} |")
+    for related in d.related:
+        start = related.span.start
+        lines.append(f"  = note: {shown_path(related.path)}:{start.row}:{start.col + 1}: "
+                     f"{related.message}")
     if d.fix is not None:
         kind = d.fix.applicability.value
         lines.append(f"  = help: {d.fix.message} ({kind} fix)")
@@ -74,6 +78,9 @@ def _json_record(d: Diagnostic) -> dict:
         "noqa_row": d.span.start.row,
         "url": d.url,
         "fix": fix,
+        "related": [{"filename": os.path.abspath(r.path), "location": _location(r.span.start),
+                     "end_location": _location(r.span.end), "message": r.message}
+                    for r in d.related],
     }
 
 
@@ -122,6 +129,14 @@ def sarif(diagnostics: Sequence[Diagnostic], book: RuleBook) -> dict:
             "locations": [{"physicalLocation": {**location,
                                                 "region": _sarif_region(d.span.start, d.span.end)}}],
         }
+        if d.related:
+            result["relatedLocations"] = [{
+                "id": i,
+                "physicalLocation": {
+                    "artifactLocation": {"uri": _uri(r.path), "uriBaseId": "%SRCROOT%"},
+                    "region": _sarif_region(r.span.start, r.span.end)},
+                "message": {"text": r.message},
+            } for i, r in enumerate(d.related)]
         if d.fix is not None and d.fixable:
             result["fixes"] = [{
                 "description": {"text": f"{d.fix.message} ({d.fix.applicability.value})"},

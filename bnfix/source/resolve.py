@@ -26,6 +26,7 @@ from bnfix.ir import (
     GradientSum,
     LayerCall,
     LibraryModel,
+    Mark,
     Marker,
     ModuleIR,
     Param,
@@ -84,10 +85,17 @@ class Resolver:
             self._scales_loss(d.left, d.right) for d in self.w.divisions)
         module.legacy_keras = "TF_USE_LEGACY_KERAS" in self.text.text
         module.arg_scoped = frozenset(self.w.arg_scoped)
-        module.device_scopes = [d for d in map(self._device_scope, self.w.scope_raw) if d]
+        module.device_scopes = self.device_scopes
         module.bn_models = [LibraryModel(r.written, self.text.slice(self.text.span(r.call.func)),
                                          self.text.span(r.call)) for r in self.w.bn_model_raw]
         module.backends = frozenset(BACKEND.findall(self.text.text))
+        module.marks = [Mark(kind, self.text.span(node), None,
+                             ctx.function.qualname if ctx.function else None)
+                        for kind, node, ctx in self.w.marks]
+        module.marks += [Mark("ema_restore", self.text.span(raw.call), None,
+                              raw.ctx.function.qualname if raw.ctx.function else None)
+                         for raw in self.w.restore_raw
+                         if self._is_ema(raw.call.func.value, raw.ctx, 0)]  # type: ignore[attr-defined]
         module.import_row = self._import_row()
         TorchContext(self).lift_into(module)
         return module
@@ -276,7 +284,26 @@ class Resolver:
         if star:
             for name in function.params:
                 args.setdefault(name, Unknown("*args/**kwargs", None))
-        return CallSite(self.text.span(call), args, call_info(self.text, call), caller)
+        return CallSite(self.text.span(call), args, call_info(self.text, call), caller,
+                        tags=self.call_tags(raw))
+
+    def call_tags(self, raw: RawCall) -> tuple[str, ...]:
+        """Where a call sits: in a TF1 tower loop, under a multi-device tf.distribute strategy
+        scope, in an evaluation region (`no_grad` block or decorated function)."""
+        tags = []
+        if any(loop.device is not None and loop.reuse for loop in raw.ctx.loops):
+            tags.append("tower")
+        row = raw.call.lineno
+        if any(s.function is raw.ctx.function and s.first_row <= row <= s.last_row
+               for s in self.device_scopes):
+            tags.append("strategy")
+        if raw.ctx.region is not None:
+            tags.append("no_grad")
+        return tuple(tags)
+
+    @functools.cached_property
+    def device_scopes(self) -> list[DeviceScope]:
+        return [d for d in map(self._device_scope, self.w.scope_raw) if d]
 
     def _towers(self) -> list[TowerLoop]:
         towers = []
@@ -497,7 +524,12 @@ class Resolver:
             if frame.expr is not None:
                 keys |= self._keys(frame.expr, frame.function)
         kind = raw.kind
-        adds = runs_update_ops
+        # update ops wired as control dependencies of anything in this function (`loss =
+        # tf.identity(loss)` under them, fetched with the train op): they run each step
+        adds = runs_update_ops or any(
+            frame.function is function and frame.expr is not None and
+            "UPDATE_OPS" in self._keys(frame.expr, frame.function)
+            for frame in self.w.control_frames)
         if kind not in self.vocab.train_methods:
             update_arg = next((k.value for k in call.keywords if k.arg == "update_ops"), None)
             adds = adds or not (isinstance(update_arg, (ast.List, ast.Tuple)) and not update_arg.elts)

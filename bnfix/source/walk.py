@@ -32,6 +32,12 @@ class Vocabulary:
     coll_sources: dict[str, frozenset[str]]
     training_flags: frozenset[str]
     optimizer_prefixes: tuple[str, ...]
+    ema_restore_methods: frozenset[str]
+    weight_methods: frozenset[str]
+    weight_functions: frozenset[str]
+    weight_keywords: frozenset[str]
+    weight_string_keywords: frozenset[str]
+    collection_keywords: frozenset[str]
 
 
 @functools.lru_cache(maxsize=8)
@@ -46,6 +52,7 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
             collections[name] = key
         values[spec["value"]] = key
     train = tf1.get("train_ops", {})
+    restores = tf1.get("restores", {})
     return Vocabulary(
         fn_kind=fn_kind,
         method_kind=method_kind,
@@ -57,6 +64,12 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
         coll_sources={k: frozenset(v) for k, v in tf1.get("collection_sources", {}).items()},
         training_flags=frozenset(tf1.get("training_flags", {}).get("names", ())),
         optimizer_prefixes=tuple(tf1.get("optimizers", {}).get("prefixes", ())),
+        ema_restore_methods=frozenset(restores.get("ema_methods", ())),
+        weight_methods=frozenset(restores.get("weight_methods", ())),
+        weight_functions=frozenset(restores.get("weight_functions", ())),
+        weight_keywords=frozenset(restores.get("weight_keywords", ())),
+        weight_string_keywords=frozenset(restores.get("weight_string_keywords", ())),
+        collection_keywords=frozenset(restores.get("collection_keywords", ())),
     )
 
 
@@ -175,6 +188,11 @@ class Walker:
         self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.ext_calls: list[RawCall] = []  # calls of first-party code imported from elsewhere
+        self.control_frames: list[WithFrame] = []  # `with ...control_dependencies(...)` blocks
+        # project marks: what other files' rules ask about this module (`arg_scope:<api>`,
+        # `loads_weights`, `registers:<collection>`), with the node and its context
+        self.marks: list[tuple[str, ast.AST, Ctx]] = []
+        self.restore_raw: list[RawCall] = []  # `x.variables_to_restore(...)`
         self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
         self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
 
@@ -375,6 +393,8 @@ class Walker:
         withs = ctx.withs + tuple(frames)
         for frame in frames:
             self._note_scope(frame, node, ctx)
+            if frame.category == "control_dependencies":
+                self.control_frames.append(frame)
         no_grad = any(frame.category == "no_grad" for frame in frames)
         self._body(node.body, replace(ctx, withs=withs, region=node if no_grad else ctx.region))
 
@@ -489,7 +509,11 @@ class Walker:
         func = call.func
         qual = self.qualname(func)
         raw = RawCall(call, ctx, stmt, parents)
+        if call.keywords:
+            self._keyword_marks(call, ctx)
         if qual is not None:
+            if qual in self.vocab.weight_functions:
+                self.marks.append(("loads_weights", call, ctx))
             spec = self.cat.apis.get(qual)
             if spec is not None:
                 raw.written = self.imports.qualname(func) or qual
@@ -526,8 +550,15 @@ class Walker:
                     spec = self.cat.apis.get(self.qualname(element) or "")
                     if spec is not None:
                         self.arg_scoped.add(spec.id)
+                        self.marks.append((f"arg_scope:{spec.id}", call, ctx))
             elif kind == "graph_mode":
                 self.markers.append(("graph_mode", call))
+            elif kind == "add_to_collection" and call.args:
+                for node in ast.walk(call.args[0]):
+                    key = self.vocab.collections.get(self.qualname(node) or "") \
+                        if isinstance(node, ast.Attribute) else None
+                    if key is not None:
+                        self.marks.append((f"registers:{key}", call, ctx))
             elif kind == "average_loss":
                 self.averages_loss = True
             elif kind in ("model_wrap", "replica_wrap", "sync_convert"):
@@ -559,6 +590,10 @@ class Walker:
                 self.train_raw.append(raw)
             elif attr == "apply":
                 self.apply_raw.append(raw)
+            elif attr in self.vocab.ema_restore_methods:
+                self.restore_raw.append(raw)
+            elif attr in self.vocab.weight_methods:
+                self.marks.append(("loads_weights", call, ctx))
             elif attr == "run":
                 self.run_raw.append(raw)
             elif attr == "as_default" and isinstance(func.value, ast.Call) and \
@@ -578,6 +613,23 @@ class Walker:
         if ctx.region is not None and _plain_receiver(func):
             raw.kind = raw.kind or "model_call"
             self.model_calls.append(raw)
+
+
+    def _keyword_marks(self, call: ast.Call, ctx: Ctx) -> None:
+        """`resnet50(pretrained=True)` loads published weights; `get_variable(...,
+        collections=[..., MOVING_AVERAGE_VARIABLES])` registers a variable in a collection."""
+        for kw in call.keywords:
+            literal = kw.value.value if isinstance(kw.value, ast.Constant) else ...
+            if (kw.arg in self.vocab.weight_keywords and literal not in (None, False, "")) or (
+                    kw.arg in self.vocab.weight_string_keywords and isinstance(literal, str)
+                    and literal):
+                self.marks.append(("loads_weights", call, ctx))
+            elif kw.arg in self.vocab.collection_keywords:
+                for node in ast.walk(kw.value):
+                    if isinstance(node, ast.Attribute):
+                        key = self.vocab.collections.get(self.qualname(node) or "")
+                        if key is not None:
+                            self.marks.append((f"registers:{key}", call, ctx))
 
 
 @functools.cache
