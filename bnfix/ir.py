@@ -193,6 +193,7 @@ class CallSite:
     caller: FunctionInfo | None
     where: str | None = None
     tags: tuple[str, ...] = ()
+    facts: tuple[str, ...] = ()  # the calling module's facts (`train:model`), when elsewhere
 
 
 @dataclass(eq=False)
@@ -588,6 +589,7 @@ class ModelCall:
     span: Span
     function: FunctionInfo | None
     region: Region | None
+    iterates: str = ""  # the iterables of the loops around the call and in its no_grad block
 
 
 @dataclass
@@ -651,6 +653,44 @@ class ModelStep:
     replicas: bool = False  # a wrap that trains one replica per process (DDP, Horovod)
     move: Statement | None = None  # what to move to reorder it (itself, or its lone `if`)
     move_lines: tuple[str, ...] = ()  # that statement's rows, relative to its indentation
+    conditions: tuple[Condition, ...] = ()  # the `if` tests it runs under
+    through: Origin | None = None  # done inside a first-party helper (of another file)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """An enclosing `if` test: which `if` (an id within the module), its text, and whether
+    the step is in its `else` branch."""
+
+    node: int
+    text: str
+    negated: bool
+
+    def excludes(self, other: Condition) -> bool:
+        """The two cannot both hold: the two branches of one `if`, or tests that contradict
+        (`rank == -1` / `rank != -1`, `x` / `not x`) in conjunctions."""
+        if self.node == other.node:
+            return self.negated != other.negated
+        mine, theirs = _facts(self), _facts(other)
+        return any((text, not value) in theirs for text, value in mine)
+
+
+def _facts(condition: Condition) -> set[tuple[str, bool]]:
+    """The conjuncts a test asserts, as (normalised text, truth): `a == b` is (`a == b`, True),
+    `a != b` is (`a == b`, False), `not x` is (`x`, False); an `else` branch asserts only the
+    negation of a single test."""
+    parts = [p.strip() for p in condition.text.split(" and ")] if not condition.negated \
+        else [condition.text.strip()]
+    out = set()
+    for part in parts:
+        value = not condition.negated
+        part = part.strip("() ")
+        if part.startswith("not "):
+            part, value = part[4:].strip("() "), not value
+        if " != " in part:
+            part, value = part.replace(" != ", " == ", 1), not value
+        out.add((" ".join(part.split()), value))
+    return out
 
 
 @dataclass

@@ -4,6 +4,7 @@ undoes (BN102), SyncBN converted after the wrap/optimizer (BN103), a bias right 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ from bnfix.checks import check
 from bnfix.checks.names import is_evaluation
 from bnfix.ir import (
     Applicability,
+    CallSite,
     DeleteRows,
     Edit,
     Finding,
@@ -23,9 +25,11 @@ from bnfix.ir import (
     ModelStep,
     ModuleIR,
     ParamFreeze,
+    Related,
     Span,
     TryFinally,
     is_const,
+    shown_path,
 )
 
 UNSAFE = Applicability.UNSAFE
@@ -36,12 +40,20 @@ DISPLAY = Applicability.DISPLAY_ONLY
 # BN101 missing-eval-mode
 
 
+EVALUATION_DATA = re.compile(r"(?<![a-z])(val|valid|validation|test|eval|evaluation)(?![a-z])",
+                             re.IGNORECASE)
+
+
 def _evaluation_calls(module: ModuleIR) -> dict[tuple[int, str], list[ModelCall]]:
-    """Model calls in evaluation code, by (function, model): inside `torch.no_grad()` /
-    `inference_mode()`, or in a function named like evaluation (`validate`, `evaluate`, …)."""
+    """Model calls in evaluation code, by (function, model): in a function named like
+    evaluation (`validate`, `evaluate`, …), or inside `torch.no_grad()` / `inference_mode()`
+    while iterating evaluation data (`val_loader`, `test_set`). A `no_grad` block alone is not
+    evaluation: momentum encoders, EMA teachers and memory banks run models there on purpose
+    in train mode."""
     groups: dict[tuple[int, str], list[ModelCall]] = defaultdict(list)
     for call in module.model_calls:
-        if call.region is not None or is_evaluation(call.function):
+        if is_evaluation(call.function) or (
+                call.region is not None and EVALUATION_DATA.search(call.iterates)):
             groups[(id(call.function), call.target)].append(call)
     return groups
 
@@ -51,10 +63,11 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
     trained = {m.target for m in module.mode_calls if m.kind == "train"}
     evals = [m for m in module.mode_calls if m.kind == "eval"]
     for (_, target), calls in _evaluation_calls(module).items():
-        if target not in trained:
-            continue
         first = min(calls, key=lambda c: c.span.start)
         function = first.function
+        elsewhere = _trained_elsewhere(function, target)
+        if target not in trained and not elsewhere:
+            continue
         if any(e.target == target and e.function is function and e.span.start < first.span.start
                for e in evals):
             continue
@@ -64,15 +77,42 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
                (region is None or region.kind == "function" or region.span.start <= m.span.start)
                for m in module.mode_calls):
             continue  # train mode set inside the evaluation code: on purpose (update_bn, ...)
-        if function is not None and target in function.callers_eval:
+        if function is not None and target in function.callers_eval and not elsewhere:
             continue
         where = f"`{function.name}`" if function is not None else "this evaluation code"
+        if target in trained:
+            trains = "elsewhere in this module"
+        else:
+            trains = f"by its caller {_site_place(elsewhere[0])}"
         message = (
             f"{where} runs `{target}` for evaluation without `{target}.eval()`, and `{target}` is "
-            "put in train mode elsewhere in this module: its BatchNorm layers normalize with the "
+            f"put in train mode {trains}: its BatchNorm layers normalize with the "
             "batch's statistics and keep updating their running averages during evaluation"
         )
-        yield Finding("BN101", first.span, message, _bn101_fix(module, first, target))
+        related = tuple(Related(s.where, s.span, f"passes a model it trains ({s.call.callee}"
+                                                 "(...)) without putting it in eval mode first")
+                        for s in elsewhere[:2])
+        yield Finding("BN101", first.span, message, _bn101_fix(module, first, target), related)
+
+
+def _trained_elsewhere(function: FunctionInfo | None, param: str) -> list[CallSite]:
+    """Calls from other files that pass, as `param`, a model their module puts in train mode,
+    without putting it in eval mode first."""
+    if function is None or param not in function.params:
+        return []
+    out = []
+    for site in function.call_sites:
+        value = site.args.get(param)
+        text = getattr(value, "text", None) or getattr(value, "name", None)
+        if site.where and text and f"train:{text}" in site.facts and \
+                f"prepared:{text}" not in site.tags:
+            out.append(site)
+    return out
+
+
+def _site_place(site: CallSite) -> str:
+    return f"in {shown_path(site.where)}:{site.span.start.row}" if site.where else \
+        f"on line {site.span.start.row}"
 
 
 def _bn101_fix(module: ModuleIR, call: ModelCall, target: str) -> Fix:
@@ -166,19 +206,28 @@ def sync_bn_after_wrap(module: ModuleIR) -> Iterator[Finding]:
             if s.kind in ("model_wrap", "optimizer") and s.function is convert.function
             and s.statement.first_row < convert.statement.first_row
             and model in (s.target, s.assigned, _base(s.target))
+            and not any(a.excludes(b) for a in s.conditions for b in convert.conditions)
         ]
         if not earlier:
             continue
         what = " and ".join(sorted({
             "after the model was wrapped for data parallelism" if s.kind == "model_wrap"
             else "after the optimizer was built from its parameters" for s in earlier}))
+        inside = [s for s in (convert, *earlier) if s.through is not None]
+        helpers = "".join(f" (`{s.call.callee}` does it in {s.through.describe()})"
+                          for s in inside[:2] if s.through is not None)
         message = (
             f"`{convert.call.callee}` converts `{convert.target}` {what} (line "
-            f"{earlier[0].statement.first_row}): the wrapper was built over the old modules, and "
-            "a converter that makes new parameters (apex) leaves the optimizer updating stale "
-            "ones; convert before wrapping and before building the optimizer"
+            f"{earlier[0].statement.first_row}){helpers}: the wrapper was built over the old "
+            "modules, and a converter that makes new parameters (apex) leaves the optimizer "
+            "updating stale ones; convert before wrapping and before building the optimizer"
         )
-        yield Finding("BN103", convert.call.span, message, _bn103_fix(convert, earlier))
+        related = tuple(Related(s.through.path, s.through.span, f"`{s.qualname}` is defined here")
+                        for s in inside if s.through is not None)
+        fix = _bn103_fix(convert, earlier) if not inside else Fix(
+            DISPLAY, "Convert to SyncBatchNorm before the wrap and the optimizer (move the "
+                     "helper's call, or the conversion into the helper)")
+        yield Finding("BN103", convert.call.span, message, fix, related)
 
 
 def _bn103_fix(convert: ModelStep, earlier: list[ModelStep]) -> Fix:

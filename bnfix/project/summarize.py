@@ -175,25 +175,26 @@ class Summarizer:
         call = raw.call
         function = raw.ctx.function
         args: dict[str, Ref] = {}
-        texts: list[str] = []
+        texts: list[tuple[str, str]] = []
         star = False
         for i, arg in enumerate(call.args):
             if isinstance(arg, ast.Starred):
                 star = True
                 break
             args[f"#{i}"] = self._arg(arg, function)
-            texts.append(self.r.text.slice(self.r.text.span(arg)))
+            texts.append((f"#{i}", self.r.text.slice(self.r.text.span(arg))))
         for kw in call.keywords:
             if kw.arg is None:
                 star = True
             else:
                 args[kw.arg] = self._arg(kw.value, function)
+                texts.append((kw.arg, self.r.text.slice(self.r.text.span(kw.value))))
         stmt = raw.stmt
         assigned = None
         if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
             assigned = self.r.text.slice(self.r.text.span(stmt.targets[0]))
         return CallRecord(target, loc(self.r.text.span(call)), args, star, bound,
-                          self._tags(raw, texts), tuple(texts), assigned)
+                          self._tags(raw, [t for _, t in texts]), tuple(texts), assigned)
 
     # -- facts -------------------------------------------------------------------------------
 
@@ -202,6 +203,18 @@ class Summarizer:
         facts: dict[str, set[str]] = {}
         for name in self.module.freezers:
             facts.setdefault(name, set()).add("freezes_bn")
+        for step in self.module.model_steps:
+            function = step.function
+            if function is None:
+                continue
+            kind = "model_wrap_replicas" if step.kind == "model_wrap" and step.replicas else step.kind
+            owned = facts.setdefault(function.qualname, set())
+            if step.target in function.params:
+                owned.add(f"{kind}_param:{step.target}")
+            returned = {self.r.text.slice(self.r.text.span(v))
+                        for v in self.w.returns.get(id(function), ())}
+            if step.assigned in returned or step.text.strip().startswith("return "):
+                owned.add(f"returns:{kind}")
         for mark in self.module.marks:
             if mark.kind.startswith("registers:"):
                 facts.setdefault(mark.function or MODULE_SCOPE, set()).add(mark.kind)

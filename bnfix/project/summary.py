@@ -82,7 +82,7 @@ class CallRecord:
     star: bool = False  # *args / **kwargs passed: more is passed than is known
     bound: bool = False  # called on an instance or `self`: the first parameter is implicit
     tags: tuple[str, ...] = ()  # lexical context: `tower`, `strategy`, `no_grad`, `prepared:<arg>`
-    texts: tuple[str, ...] = ()  # the source text of each positional argument
+    texts: tuple[tuple[str, str], ...] = ()  # (arg key as in `args`, its source text)
     assigned: str | None = None  # the name the result is assigned to (`model = build()`)
 
 
@@ -100,6 +100,16 @@ class FunctionSummary:
 
     def param(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)
+
+    def passed(self, call: CallRecord, name: str, bound: bool) -> str | None:
+        """The source text `call` passes for parameter `name` of this function."""
+        texts = dict(call.texts)
+        if name in texts:
+            return texts[name]
+        spec = self.param(name)
+        if spec is None or spec.index < 0:
+            return None
+        return texts.get(f"#{spec.index - (1 if bound else 0)}")
 
 
 @dataclass(frozen=True)
@@ -195,7 +205,8 @@ def _function_from(item: list[Any]) -> FunctionSummary:
         qualname=qualname, name=name, class_name=class_name, loc=tuple(loc),  # type: ignore[arg-type]
         params=tuple(ParamSpec(n, i, Ref.from_data(d) if d else None) for n, i, d in params),
         bn=tuple(BNBuild(a, q, tuple(lc), _unrefs(args), u) for a, q, lc, args, u in bn),  # type: ignore[arg-type]
-        calls=tuple(CallRecord(t, tuple(lc), _unrefs(args), s, b, tuple(tags), tuple(texts), asg)  # type: ignore[arg-type]
+        calls=tuple(CallRecord(t, tuple(lc), _unrefs(args), s, b, tuple(tags),  # type: ignore[arg-type]
+                               tuple(tuple(x) for x in texts), asg)
                     for t, lc, args, s, b, tags, texts, asg in calls),
         facts=tuple(facts), returns=tuple(returns),
     )

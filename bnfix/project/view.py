@@ -22,9 +22,11 @@ from bnfix.ir import (
     CallInfo,
     CallSite,
     Const,
+    FreezeCall,
     FromParam,
     FunctionInfo,
     Mark,
+    ModelStep,
     ModuleIR,
     Origin,
     Param,
@@ -37,6 +39,7 @@ from bnfix.project.index import ProjectIndex, Reach
 from bnfix.project.summarize import Summarizer
 from bnfix.project.summary import MODULE_SCOPE, CallRecord, FunctionSummary, Loc, ParamSpec, Ref
 from bnfix.source.calls import call_info
+from bnfix.source.torch_context import conditions_of
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -65,6 +68,35 @@ class ForeignCall:
     caller: Key | None
     call: CallRecord
     bound: bool
+    facts: tuple[str, ...] = ()  # the calling module's facts
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    """A first-party class (of another file) that a call here instantiates, with the facts of
+    it and its first-party bases (`freeze:<method>`, `init_freeze:<text>`, `train_refreezes`)."""
+
+    path: str
+    name: str
+    loc: Loc
+    facts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HelperStep:
+    """What a call of a first-party helper does to a model for distributed training: wraps
+    it, builds an optimizer over its parameters, converts its BN to SyncBN — to an argument
+    (`target`, as written at the call) or to what it returns (target None)."""
+
+    kind: str  # model_wrap | optimizer | sync_convert
+    replicas: bool
+    target: str | None
+    path: str
+    loc: Loc
+    helper: str
+
+
+STEP_KINDS = ("model_wrap", "model_wrap_replicas", "optimizer", "sync_convert")
 
 
 @dataclass
@@ -79,6 +111,8 @@ class FileContext:
     marks: list[tuple[str, str, Loc, str | None]] = field(default_factory=list)  # other files'
     facts: dict[str, list[tuple[str, Loc]]] = field(default_factory=dict)  # of code it calls
     apis: frozenset[str] = frozenset()  # BN APIs the project builds
+    instances: dict[Loc, ClassInfo] = field(default_factory=dict)  # calls that build a class
+    steps: dict[Loc, list[HelperStep]] = field(default_factory=dict)  # calls of set-up helpers
 
     @property
     def empty(self) -> bool:
@@ -108,6 +142,13 @@ def file_context(index: ProjectIndex, module_id: str) -> FileContext:
             for fact, places in index.facts_at(module_id, call).items():
                 context.facts.setdefault(fact, []).extend(
                     p for p in places if p[0] != summary.path)
+            built = _instantiated(index, module_id, call)
+            if built is not None:
+                context.instances[call.loc] = built
+        for call in function.calls:
+            steps = _helper_steps(index, module_id, call)
+            if steps:
+                context.steps[call.loc] = steps
     context.facts = {k: v for k, v in context.facts.items() if v}
     for function in summary.functions.values():
         _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, local=module_id)
@@ -115,6 +156,50 @@ def file_context(index: ProjectIndex, module_id: str) -> FileContext:
     context.apis = index.project_apis()
     context.notes = list(dict.fromkeys(index.gave_up))
     return context
+
+
+def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord) -> list[HelperStep]:
+    out = []
+    for target in index.targets(module_id, call.target):
+        function = index.function(*target.key)
+        if function is None:
+            continue
+        path = index.summaries[target.module].path
+        for fact in function.facts:
+            head, _, rest = fact.partition(":")
+            kind = head.removesuffix("_param") if head.endswith("_param") else rest
+            if kind not in STEP_KINDS or head not in (f"{kind}_param", "returns"):
+                continue
+            text = function.passed(call, rest, target.bound) if head.endswith("_param") else None
+            if head.endswith("_param") and text is None:
+                continue
+            out.append(HelperStep(kind.removesuffix("_replicas"), kind.endswith("_replicas"),
+                                  text, path, function.loc, function.qualname))
+    return out
+
+
+def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> ClassInfo | None:
+    """The class a call builds an instance of: the class called, or the one a factory
+    function returns (`build_model()` returning `Net(...)`)."""
+    found = index.resolve_class(module_id, call.target)
+    if found is None:
+        for target in index.targets(module_id, call.target):
+            function = index.function(*target.key)
+            if function is not None and function.class_name is None:
+                for returned in function.returns:
+                    found = index.resolve_class(target.module, returned)
+                    if found is not None:
+                        break
+            if found is not None:
+                break
+    if found is None:
+        return None
+    owner, klass = found
+    facts: list[str] = []
+    for where, base in index.mro(owner, klass.name):
+        facts.extend(f for f in base.facts if f not in facts)
+    summary = index.summaries[owner]
+    return ClassInfo(summary.path, klass.name, klass.loc, tuple(facts))
 
 
 def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
@@ -129,7 +214,7 @@ def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
         bound = next((t.bound for t in index.targets(caller.module, caller.call.target)
                       if t.key == callee), caller.call.bound)
         key = None if caller.function == MODULE_SCOPE else (caller.module, caller.function)
-        found.append(ForeignCall(summary.path, key, caller.call, bound))
+        found.append(ForeignCall(summary.path, key, caller.call, bound, summary.facts))
         if key is not None and key not in context.functions:
             function = summary.functions[caller.function]
             context.functions[key] = ForeignFunction(summary.path, function.qualname,
@@ -192,6 +277,45 @@ class ProjectView:
         module.reached_facts = {fact: [Origin(path, span(lc)) for path, lc in places]
                                 for fact, places in self.context.facts.items()}
         module.project_apis = {a: self.by_id[a].ref for a in self.context.apis if a in self.by_id}
+        self._attach_freezes(resolver, module, summarizer)
+        self._attach_steps(resolver, module, summarizer)
+
+    def _attach_steps(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
+        """Helpers that wrap a model, build its optimizer or convert its BN (BN103, BN006)."""
+        for raw, record in summarizer.call_records():
+            for step in self.context.steps.get(record.loc, ()):
+                target = step.target if step.target is not None else record.assigned
+                if target is None:
+                    continue
+                stmt = resolver.statement(raw.stmt)
+                module.model_steps.append(ModelStep(
+                    step.kind, target, record.assigned, call_info(resolver.text, raw.call), stmt,
+                    raw.ctx.function, resolver.text.slice(stmt.span),
+                    qualname=step.helper, replicas=step.replicas,
+                    conditions=conditions_of(resolver.text, raw),
+                    through=Origin(step.path, span(step.loc))))
+
+    def _attach_freezes(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
+        """Instances of first-party classes of other files that freeze BN: a freeze at
+        construction applies to the instance here; their freeze methods called here are
+        freezes (BN102 then sees `model.train()` undo them)."""
+        methods: set[str] = set()
+        for raw, record in summarizer.call_records():
+            info = self.context.instances.get(record.loc)
+            if info is None or "train_refreezes" in info.facts or record.assigned is None:
+                continue
+            methods.update(f.split(":", 1)[1] for f in info.facts if f.startswith("freeze:"))
+            for fact in info.facts:
+                if fact.startswith("init_freeze:"):
+                    module.freeze_calls.append(FreezeCall(
+                        record.assigned, fact.split(":", 1)[1], resolver.text.span(raw.call),
+                        resolver.statement(raw.stmt), raw.ctx.function, None))
+        for raw in resolver.w.attr_calls:
+            if raw.kind in methods and not raw.call.args:
+                receiver = resolver.text.slice(resolver.text.span(raw.call.func.value))  # type: ignore[attr-defined]
+                module.freeze_calls.append(FreezeCall(
+                    receiver, f"{{target}}.{raw.kind}()", resolver.text.span(raw.call),
+                    resolver.statement(raw.stmt), raw.ctx.function, None))
 
     def _call_site(self, call: ForeignCall, target: FunctionInfo, depth: int) -> CallSite:
         caller = self._proxy(call.caller, depth - 1) if call.caller is not None else None
@@ -212,7 +336,8 @@ class ProjectView:
         info = CallInfo(sp, call.call.target.lstrip("@").rsplit(".", 1)[-1], None, sp.end, False,
                         sp.start.row != sp.end.row)
         where = None if call.path == self.path else call.path
-        return CallSite(sp, args, info, caller, where=where, tags=call.call.tags)
+        return CallSite(sp, args, info, caller, where=where, tags=call.call.tags,
+                        facts=call.facts)
 
     def _foreign(self, ref: Ref, caller: FunctionInfo | None, path: str) -> Value:
         """A value written in another file (or this one), in the terms of its caller."""

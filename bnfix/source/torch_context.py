@@ -14,6 +14,7 @@ from bnfix.ir import (
     BiasedLayer,
     Block,
     BNSite,
+    Condition,
     FreezeCall,
     FunctionInfo,
     ModeCall,
@@ -26,6 +27,7 @@ from bnfix.ir import (
     is_const,
 )
 from bnfix.source.calls import call_info
+from bnfix.source.text import SourceText
 from bnfix.source.walk import Ctx, RawCall
 
 if TYPE_CHECKING:
@@ -122,10 +124,20 @@ class TorchContext:
                         raw.ctx.function, self._narrowed_to_bn(target, raw.ctx))
 
     def _module_function_calls(self) -> list[tuple[RawCall, FunctionInfo]]:
-        """Calls of the module's top-level functions by name."""
-        top = {f.name: f for f in self.w.functions if f.class_name is None and "<locals>" not in f.qualname}
-        return [(raw, top[raw.call.func.id]) for raw in self.w.local_calls
-                if isinstance(raw.call.func, ast.Name) and raw.call.func.id in top]
+        """Calls by name of the module's top-level functions, and of functions nested in the
+        calling function (closures)."""
+        by_qualname = {f.qualname: f for f in self.w.functions}
+        out = []
+        for raw in self.w.local_calls:
+            func = raw.call.func
+            if not isinstance(func, ast.Name):
+                continue
+            caller = raw.ctx.function
+            nested = by_qualname.get(f"{caller.qualname}.<locals>.{func.id}") if caller else None
+            target = nested or by_qualname.get(func.id)
+            if target is not None and target.class_name is None:
+                out.append((raw, target))
+        return out
 
     def _helper_evals(self, calls: list[ModeCall]) -> list[ModeCall]:
         """`set_eval(model)` where `def set_eval(m): m.eval()`: an eval of `model`."""
@@ -157,12 +169,13 @@ class TorchContext:
             ordered = sorted((p for p in f.params.values() if p.positional), key=lambda p: p.index)
             prepared: set[str] | None = None
             for raw, _ in calls:
-                here = set()
-                for param, arg in zip(ordered, raw.call.args):
-                    text = self._text(arg)
-                    if any(e.target == text and e.function is raw.ctx.function and
-                           e.span.start.row < raw.call.lineno for e in evals):
-                        here.add(param.name)
+                before = {e.target for e in evals if e.function is raw.ctx.function
+                          and e.span.start.row < raw.call.lineno}
+                passed = [(p.name, a) for p, a in zip(ordered, raw.call.args)]
+                passed += [(k.arg, k.value) for k in raw.call.keywords if k.arg in f.params]
+                here = {name for name, arg in passed if self._text(arg) in before}
+                if "<locals>" in f.qualname:  # a closure sees the caller's names themselves
+                    here |= before
                 prepared = here if prepared is None else prepared & here
             f.callers_eval = frozenset(prepared or ())
 
@@ -171,8 +184,12 @@ class TorchContext:
         if isinstance(func, ast.Name) and (func.id in self.w.class_names or any(
                 f.name == func.id and f.class_name is None for f in self.w.functions)):
             return None  # the module's own function or class, not a model
+        iterates = " ".join(self._text(loop.node.iter) for loop in raw.ctx.loops)
+        if isinstance(raw.ctx.region, (ast.With, ast.AsyncWith)):  # what the block iterates
+            iterates += " " + " ".join(self._text(node.iter) for node in ast.walk(raw.ctx.region)
+                                       if isinstance(node, (ast.For, ast.comprehension)))
         return ModelCall(self._text(func), self.text.span(raw.call), raw.ctx.function,
-                         self._region(raw.ctx.region))
+                         self._region(raw.ctx.region), iterates)
 
     # -- BN freezes ------------------------------------------------------------------------
 
@@ -339,7 +356,8 @@ class TorchContext:
         step = ModelStep(raw.kind, target, assigned, call_info(self.text, call),
                          self.r.statement(stmt), raw.ctx.function, self._text(stmt),
                          qualname=raw.written,
-                         replicas=self.r.vocab.fn_kind.get(raw.written) == "replica_wrap")
+                         replicas=self.r.vocab.fn_kind.get(raw.written) == "replica_wrap",
+                         conditions=conditions_of(self.text, raw))
         if raw.kind == "sync_convert" and assigned == target:
             owner = self.w.block_owner.get(self.w.block_of.get(id(stmt), 0))
             movable: ast.stmt = stmt
@@ -435,6 +453,12 @@ class TorchContext:
             owner = ctx.function.class_name if ctx.function else ctx.class_name
             return f"{owner}:{target}"
         return f"{id(ctx.function)}:{target}"
+
+
+def conditions_of(text: SourceText, raw: RawCall) -> tuple[Condition, ...]:
+    """The `if` tests a call runs under."""
+    return tuple(Condition(id(test), text.slice(text.span(test)), negated)
+                 for negated, test in raw.ctx.conditions)
 
 
 def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:
