@@ -36,6 +36,7 @@ class Settings:
     extend_exclude: list[str] = field(default_factory=list)
     respect_gitignore: bool = True
     target_tensorflow: tuple[int, ...] = CURRENT_TENSORFLOW
+    target_origin: str = "default"  # default | configured | pinned (the project's requirements)
     all_syntax_errors: bool = False
     max_file_size: int = DEFAULT_MAX_FILE_BYTES
 
@@ -44,9 +45,13 @@ class Settings:
         return {"tensorflow": self.target_tensorflow}
 
     def enabled(self, book: RuleBook) -> frozenset[str]:
-        """The rule codes this configuration turns on (default: all rules)."""
+        """The rule codes this configuration turns on (by default: the rules that report
+        bugs; style and cost rules such as BN104 are opt-in, `ALL` or `extend-select`)."""
         try:
-            codes = book.expand(self.select if self.select is not None else ["ALL"])
+            if self.select is not None:
+                codes = book.expand(self.select)
+            else:
+                codes = {c for c in book.expand(["ALL"]) if book.rules[c].default}
             codes |= book.expand(self.extend_select)
             codes -= book.expand(self.ignore)
         except RuleBookError as exc:
@@ -139,6 +144,7 @@ def load_settings(config: Path | None, start: Path) -> Settings:
         extend_exclude=_list(table, "extend-exclude", path) or [],
         respect_gitignore=respect,
         target_tensorflow=target_tf,
+        target_origin="default" if target is None else "configured",
         all_syntax_errors=all_syntax,
     )
 

@@ -147,6 +147,7 @@ class Engine:
         # parse every file for BN900, also those no rule needs to look at (slower)
         self.all_syntax_errors = all_syntax_errors
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
+        self.target_explicit = False  # the target comes from configuration or the project's pins
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
         by_code = {code: tuple(sorted(set(self._words(book.rules[code].triggers))))
                    for code in sorted(enabled - ENGINE_CODES)}
@@ -201,6 +202,7 @@ class Engine:
         resolver, module = lifting.lift_with_resolver(source, tree, path, self.book.catalogue,
                                                       context)
         module.targets = self.targets
+        module.target_explicit = self.target_explicit
         return Lifted(source, module, resolver, hashlib.sha256(text.encode()).hexdigest())
 
     def diagnose(self, text: str, path: str, ignored: frozenset[str] = frozenset(),

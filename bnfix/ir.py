@@ -365,6 +365,7 @@ class BNSite:
     origin: Origin | None = None
     bound: dict[str, Value] = field(default_factory=dict)
     settable: dict[str, str] = field(default_factory=dict)
+    conditions: tuple[Condition, ...] = ()  # the `if` tests the BN call runs under
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -395,6 +396,7 @@ class Migration:
     why: str
     written: tuple[str, ...] = ()
     since: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()  # the version without the old API (empty: it still runs)
     positional: int = 0
     rename: dict[str, str] = field(default_factory=dict)
     defaults: dict[str, str] = field(default_factory=dict)
@@ -422,6 +424,7 @@ class ApiRef:
     migration: Migration | None = None  # set for deprecated APIs
     synced_counterpart: str | None = None  # what synchronizes it across devices (BN006)
     registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
+    training_none: bool = True  # its training flag accepts None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,6 +668,7 @@ class Condition:
     node: int
     text: str
     negated: bool
+    uses: frozenset[str] = frozenset()  # names the test depends on, through local assignments
 
     def excludes(self, other: Condition) -> bool:
         """The two cannot both hold: the two branches of one `if`, or tests that contradict
@@ -793,6 +797,9 @@ class ModuleIR:
     aliases: dict[str, str] = field(default_factory=dict)  # module qualname -> local alias
     names_in_use: frozenset[str] = frozenset()
     tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)
+    tf1_code: bool = False  # TF1 code through and through: tf.contrib, no tf.compat.v1
+    script_without_training: bool = False  # a `__main__` script that never steps an optimizer
+    target_explicit: bool = False  # the TensorFlow target comes from configuration or pins
     targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # framework -> version
     # The project (empty when the file is checked alone): BN built in other files that this
     # module's calls reach, and facts the summaries of other files state about this one.

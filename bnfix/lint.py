@@ -17,6 +17,7 @@ from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
 from bnfix.files import discover
 from bnfix.project.runner import ProjectRunner
+from bnfix.project.pins import tensorflow_pin
 from bnfix.project.session import project_root
 from bnfix.report import formats
 from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook, rules_root
@@ -71,12 +72,19 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
     settings.extend_select = [*settings.extend_select, *options.extend_select]
     if options.respect_gitignore is not None:
         settings.respect_gitignore = options.respect_gitignore
+    if settings.target_origin == "default":
+        root = project_root([start], settings.root if settings.source is not None else None)
+        pinned = tensorflow_pin(root)
+        if pinned is not None:
+            settings.target_tensorflow, settings.target_origin = pinned, "pinned"
     try:
         enabled = settings.enabled(book)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    return book, settings, Engine(book, enabled, settings.targets,
-                                  options.all_syntax_errors or settings.all_syntax_errors)
+    engine = Engine(book, enabled, settings.targets,
+                    options.all_syntax_errors or settings.all_syntax_errors)
+    engine.target_explicit = settings.target_origin != "default"
+    return book, settings, engine
 
 
 # -- running over files -------------------------------------------------------------------
@@ -129,7 +137,8 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     if options.cache:
         key = cache_key(rules_digest(rules_root()), engine.enabled,
                         {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
-                         "project": (int(options.project),)})
+                         "project": (int(options.project),),
+                         "explicit": (int(engine.target_explicit),)})
         cache = Cache(settings.root, key)
     runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=options.unsafe_fixes,
                            jobs=default_jobs() if options.jobs is None else options.jobs,

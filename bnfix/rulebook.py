@@ -142,6 +142,7 @@ class ApiSpec:
     synced_counterpart: str | None
     migration: Migration | None = None
     registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
+    training_none: bool = True  # its training flag accepts None (Keras: the learning phase)
 
     def canonical_name(self, param: str) -> str:
         return self.canonical.get(param, param)
@@ -160,6 +161,7 @@ class ApiSpec:
             migration=self.migration,
             synced_counterpart=self.synced_counterpart,
             registers=self.registers,
+            training_none=self.training_none,
         )
 
 
@@ -399,6 +401,7 @@ def _load_catalogue(folder: Path) -> Catalogue:
                 synced=bool(entry.get("synced", False)),
                 synced_counterpart=entry.get("synced_counterpart"),
                 registers=tuple(entry.get("registers", ())),
+                training_none=bool(entry.get("training_none", True)),
             )
             for name in spec.names:
                 if name in cat.apis:
@@ -445,6 +448,7 @@ def _migration(entry: dict[str, Any], path: Path) -> Migration:
         why=_require(entry, "why", path),
         written=tuple(entry.get("written", ())),
         since=_version(entry.get("since")),
+        removed=_version(entry.get("removed")),
         positional=int(entry.get("positional", 0)),
         rename=dict(entry.get("rename", {})),
         defaults=dict(entry.get("defaults", {})),

@@ -63,7 +63,7 @@ def test_wrapping_never_reindents_a_multiline_string():
     source = textwrap.dedent('''
         import tensorflow as tf
 
-        net = tf.layers.batch_normalization(x, training=True)
+        net = tf.layers.batch_normalization(x, training=is_training)
         train_op = opt.minimize(loss, name="""step
         with a long
         name""")
@@ -94,7 +94,7 @@ def test_a_fix_that_would_not_parse_is_dropped_and_reported():
 def test_engine_reports_a_dropped_fix(monkeypatch):
     book = load_rulebook()
     engine = Engine(book, frozenset({"BN004"}))
-    broken = Fix(Applicability.UNSAFE, "broken", (Edit(Span(Pos(3, 0), Pos(3, 2)), "(("),))
+    broken = Fix(Applicability.UNSAFE, "broken", (Edit(Span(Pos(4, 0), Pos(4, 2)), "(("),))
     check = engine.checks["BN004"]
 
     def with_broken_fix(module):
@@ -102,7 +102,8 @@ def test_engine_reports_a_dropped_fix(monkeypatch):
             yield type(finding)(finding.code, finding.span, finding.message, broken)
 
     monkeypatch.setitem(engine.checks, "BN004", with_broken_fix)
-    source = "import tensorflow as tf\nema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n"
+    source = ("import tensorflow as tf\nnet = tf.layers.batch_normalization(x, training=t)\n"
+              "ema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n")
     result = engine.fix_text(source, "m.py", unsafe=True)
     assert result.new_text is None, "nothing is written"
     assert [d.code for d in result.diagnostics] == ["BN004"]
@@ -152,7 +153,8 @@ def test_final_libcst_check_rejects_the_whole_file(monkeypatch):
 
     monkeypatch.setattr(engine_module, "final_check", lambda text: "LibCST: simulated refusal")
     engine = Engine(load_rulebook(), frozenset({"BN004"}))
-    source = "import tensorflow as tf\nema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n"
+    source = ("import tensorflow as tf\nnet = tf.layers.batch_normalization(x, training=t)\n"
+              "ema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n")
     result = engine.fix_text(source, "m.py", unsafe=True)
     assert result.new_text is None and result.fixed == []
     assert [d.code for d in result.diagnostics] == ["BN004"]

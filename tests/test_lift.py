@@ -173,9 +173,10 @@ def test_ema_apply_traced_through_a_local_variable():
     """)
     first, second, third = m.ema_applies
     assert first.var_list.local_name == "to_average" and first.var_list.local_uses == 1
-    assert [sorted(t.tags) for t in first.var_list.terms] == [["trainable"], ["moving_stats"]]
+    assert [sorted(t.tags) for t in first.var_list.terms] == [["trainable"],
+                                                              ["stats:moving_average"]]
     assert first.var_list.span.start.row == 6  # the definition is what the fix edits
-    assert "moving_stats" in second.var_list.tags
+    assert "stats:model" in second.var_list.tags
     assert third.var_list.tags == frozenset()  # filtered: unknown, not reported
 
 

@@ -6,7 +6,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from bnfix.checks import check
-from bnfix.ir import Applicability, BNSite, Edit, Finding, Fix, ModuleIR, is_const
+from bnfix.ir import (
+    Applicability,
+    BNSite,
+    Const,
+    Edit,
+    Finding,
+    Fix,
+    ModuleIR,
+    Related,
+    bindings,
+    is_const,
+)
 
 KERAS3_TENSORFLOW = (2, 16)  # tf.keras is Keras 3 from TensorFlow 2.16 on
 
@@ -27,16 +38,28 @@ BN009_MESSAGE = (
 def keras_trainable_false_is_inference(module: ModuleIR) -> Iterator[Finding]:
     if _tensorflow(module) < (2, 0):
         return
-    for site in module.bn_sites:
-        arg = site.args.get("trainable")
-        if site.api.trainable_semantics != "inference" or arg is None:
+    for site in module.all_bn_sites():
+        if site.api.trainable_semantics != "inference":
             continue
-        if is_const(arg.value, False):
+        literal = _frozen_by(site)
+        if literal is None or literal.where is not None or literal.span is None:
+            continue  # not frozen, or frozen by a `False` written in another file (reported there)
+        arg = site.args.get("trainable")
+        if arg is not None and arg.value.span == literal.span:
             what = f"`{site.call.callee}(trainable=False)`"
             fix = Fix(Applicability.DISPLAY_ONLY,
                       "For a port of `affine=False`: `center=False, scale=False`",
                       (Edit(arg.span, "center=False, scale=False"),))
             yield Finding("BN009", arg.span, BN009_MESSAGE.format(what=what), fix)
+            continue
+        built = f"`{site.call.callee}`" if site.origin is None else \
+            f"`{site.qualname}` ({site.origin.describe()})"
+        what = f"{built} gets `trainable=False` from line {literal.span.start.row}"
+        fix = Fix(Applicability.DISPLAY_ONLY,
+                  "For a port of `affine=False`: build the layer with `center=False, scale=False`")
+        related = () if site.origin is None else (
+            Related(site.origin.path, site.origin.span, "the BatchNormalization is built here"),)
+        yield Finding("BN009", literal.span, BN009_MESSAGE.format(what=what), fix, related)
     for assignment in module.attribute_sets:
         if assignment.attr != "trainable" or not is_const(assignment.value, False):
             continue
@@ -48,6 +71,16 @@ def keras_trainable_false_is_inference(module: ModuleIR) -> Iterator[Finding]:
         fix = Fix(Applicability.DISPLAY_ONLY,
                   "For a port of `affine=False`: build the layer with `center=False, scale=False`")
         yield Finding("BN009", assignment.span, BN009_MESSAGE.format(what=what), fix)
+
+
+def _frozen_by(site: BNSite) -> Const | None:
+    """The literal `False` that reaches the layer's `trainable` in some calling context."""
+    value = site.value("trainable")
+    for binding in bindings(site.function):
+        bound = binding.value(value)
+        if isinstance(bound, Const) and is_const(bound, False):
+            return bound
+    return None
 
 
 def _keras3(site: BNSite, module: ModuleIR) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from bnfix.checks import check
+from bnfix.checks.tensorflow import hard_wired
 from bnfix.ir import (
     Applicability,
     Arg,
@@ -60,6 +61,10 @@ def _plan(module: ModuleIR, site: BNSite, migration: Migration, target: str) -> 
     if site.api.id in module.arg_scoped:
         plan.refuse("an arg_scope in this module supplies arguments to this call: convert the "
                     "arg_scope too")
+    scopes = [m for m in module.project_marks if m.kind == f"arg_scope:{site.api.id}"]
+    if scopes:
+        plan.refuse(f"an arg_scope elsewhere in the project ({scopes[0].where()}) may supply "
+                    "arguments to this call: convert it together with the arg_scope")
     callee = site.call.callee
     if "\n" in callee:
         plan.refuse("the callee spans several lines")
@@ -133,9 +138,20 @@ def _map_argument(plan: _Plan, migration: Migration, arg: Arg, index: int,
     plan.refuse(migration.refuse.get(name, f"`{name}` has no equivalent"))
 
 
+TF1_TARGET = (1, 15)
+
+
+def _target(module: ModuleIR) -> tuple[int, ...]:
+    """The TensorFlow the code must run on: the configured or pinned version; else TF1 for
+    code written against TF1 only (tf.contrib, no tf.compat.v1); else the current release."""
+    if not module.target_explicit and module.tf1_code:
+        return TF1_TARGET
+    return module.targets.get("tensorflow", ())
+
+
 @check("BN007")
 def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
-    tensorflow = module.targets.get("tensorflow", ())
+    tensorflow = _target(module)
     for site in module.bn_sites:
         migration = site.api.migration
         if migration is None:
@@ -144,12 +160,13 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
         written = site.written.replace("tensorflow.compat.v1.", "tensorflow.", 1)
         if migration.written and not written.startswith(migration.written):
             continue
-        if migration.since and site.api.framework in ("tensorflow", "keras") and \
-                tensorflow < migration.since:
-            continue
+        if not migration.removed or tensorflow < migration.removed:
+            continue  # the API still runs on the target: deprecated, not a bug
         target = module.spell(migration.to)
         shown = target or migration.to
-        message = f"`{site.call.callee}` is deprecated: {migration.why}; use `{shown}`"
+        version = ".".join(map(str, tensorflow))
+        message = (f"`{site.call.callee}` does not exist in TensorFlow {version} (the version "
+                   f"this code targets): {migration.why}; use `{shown}`")
         if migration.display_only:
             yield Finding("BN007", site.call.span, message, Fix(DISPLAY, f"Use `{shown}`"))
             continue
@@ -184,6 +201,8 @@ TF_MESSAGE = (
 @check("BN008")
 def momentum_convention(module: ModuleIR) -> Iterator[Finding]:
     for site in module.bn_sites:
+        if hard_wired(site):
+            continue  # the moving statistics are never used: their momentum does not matter
         convention = site.api.momentum_convention
         arg = site.args.get("momentum")
         if convention not in ("tf", "torch") or arg is None or not isinstance(arg.value, Const):

@@ -328,10 +328,12 @@ def stats_never_read(sites: list[BNSite]) -> bool:
     at each call of the layer object): the moving statistics are never used, so how (or
     whether) they update does not matter. A flag passed in from elsewhere is not hard-wired:
     another caller (an evaluation script) may pass False."""
-    return all(_hard_wired(s) for s in sites)
+    return all(hard_wired(s) for s in sites)
 
 
-def _hard_wired(site: BNSite) -> bool:
+def hard_wired(site: BNSite) -> bool:
+    if site.api.updates not in ("update_ops", "layer"):
+        return False  # statistics kept outside the call (F.batch_norm's running_mean) are read elsewhere
     if site.api.kind != "function":
         calls = site.instance_calls
         return bool(calls) and all(
@@ -521,6 +523,9 @@ def summed_tower_gradients(module: ModuleIR) -> Iterator[Finding]:
     for total in module.gradient_sums:
         if total.divided:
             continue
+        callers = [s for s in total.function.call_sites if s.where] if total.function else []
+        if callers and all("loss_scaled_per_tower" in s.facts for s in callers):
+            continue  # every caller (in other files) divides each tower's loss
         what = "tf.add_n" if total.kind == "add_n" else "tf.reduce_sum(..., 0)"
         message = (
             f"tower gradients are combined with `{what}` (a sum over the towers) without a "
@@ -566,6 +571,8 @@ def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
             if arg is None or not _literal_true(arg) or function is None:
                 continue
             flag = function.training_flag
+            if flag is not None and any(flag in c.uses for c in site.conditions):
+                continue  # `if training: bn(x, training=True) else: ...`: the flag decides
             written = f"{arg.name}=True" if arg.keyword else "True"
             if flag is not None:
                 message = (
@@ -573,7 +580,8 @@ def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
                     f"training flag `{flag}`: this BN always normalizes with batch statistics "
                     "and updates its moving averages, also when the model is evaluated; pass the flag"
                 )
-                yield Finding("BN010", arg.span, message, _bn010_fix(module, arg, flag))
+                yield Finding("BN010", arg.span, message,
+                              _bn010_fix(module, arg, flag, function, site))
             elif is_evaluation(function):
                 message = (
                     f"`{callee}(..., {written})` in the evaluation function `{function.name}`: "
@@ -584,7 +592,15 @@ def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
                 yield Finding("BN010", arg.span, message, fix)
 
 
-def _bn010_fix(module: ModuleIR, arg: Arg, flag: str) -> Fix:
+def _bn010_fix(module: ModuleIR, arg: Arg, flag: str, function: FunctionInfo,
+               site: BNSite) -> Fix:
+    param = function.params.get(flag)
+    default = param.default if param is not None else None
+    accepted = isinstance(default, Const) and (
+        isinstance(default.value, bool) or (default.value is None and site.api.training_none))
+    if default is not None and not accepted:
+        return Fix(DISPLAY, f"Pass the training flag (`{flag}` defaults to `{default.text}`, "
+                            "which the BN API rejects: resolve it to a bool first)")
     if flag != "mode":
         return Fix(UNSAFE, f"Pass the function's `{flag}`", (Edit(arg.value_span, flag),))
     train = module.spell("tensorflow.estimator.ModeKeys.TRAIN")

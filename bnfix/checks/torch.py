@@ -263,6 +263,13 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             f"(BatchNorm subtracts the per-channel mean, bias included): `{name}=False` saves the "
             "parameters and their optimizer state"
         )
+        loads = [m for m in (*module.marks, *module.project_marks) if m.kind == "loads_weights"]
+        if loads:
+            fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only with weights that lack it: "
+                               f"the project loads trained weights ({loads[0].where()}), which "
+                               "hold this bias (and BN statistics that absorbed it)")
+            yield Finding("BN104", layer.call.span, message, fix)
+            continue
         if layer.bias is not None:
             edit = Edit(layer.bias.value_span, "False")
         elif layer.call.args_end is None:
@@ -284,8 +291,13 @@ def _puts_in_eval(module: ModuleIR, owner: str, function: FunctionInfo | None) -
 
 @check("BN105")
 def frozen_bn_still_updating(module: ModuleIR) -> Iterator[Finding]:
+    if module.script_without_training:
+        return  # a conversion or export script: nothing trains, nothing moves
     groups: dict[tuple[int, str], list[ParamFreeze]] = defaultdict(list)
     for frozen in module.param_freezes:
+        owner_class = frozen.function.qualname.split(".", 1)[0] if frozen.function else None
+        if owner_class is not None and owner_class in module.freezing_trains:
+            continue  # its class re-applies the eval-mode freeze in train()
         if frozen.is_bn and not _puts_in_eval(module, frozen.owner, frozen.function):
             groups[(id(frozen.function), frozen.owner)].append(frozen)
     for (_, owner), frozen in groups.items():  # weight and bias of one BN: one finding

@@ -41,8 +41,10 @@ PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than 
 
 
 def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], all_syntax: bool,
-                max_bytes: int) -> Worker:
-    return Worker(Engine(load_rulebook(), enabled, targets, all_syntax), max_bytes)
+                explicit: bool, max_bytes: int) -> Worker:
+    engine = Engine(load_rulebook(), enabled, targets, all_syntax)
+    engine.target_explicit = explicit
+    return Worker(engine, max_bytes)
 
 
 @dataclass
@@ -106,7 +108,8 @@ class ProjectRunner:
         if self._pool is None:
             size = max(1, min(self.jobs, 8)) if count >= PARALLEL_THRESHOLD else 1
             factory = functools.partial(make_worker, self.engine.enabled, self.engine.targets,
-                                        self.engine.all_syntax_errors, self.max_bytes)
+                                        self.engine.all_syntax_errors,
+                                        self.engine.target_explicit, self.max_bytes)
             self._pool = Processes(size, factory) if size > 1 else InProcess(factory)
             assert self._modules is not None
             tops = self._modules.first_party_tops()

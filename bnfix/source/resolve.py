@@ -41,7 +41,7 @@ from bnfix.ir import (
 )
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
-from bnfix.source.torch_context import TorchContext
+from bnfix.source.torch_context import TorchContext, conditions_of
 from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, fkey
 
 TRACE_DEPTH = 6
@@ -76,6 +76,8 @@ class Resolver:
             module.aliases.setdefault(target, local)
         module.names_in_use = frozenset(self.w.names)
         module.tf1_prefix = self._tf1_prefix()
+        module.tf1_code = not self.w.uses_compat_v1 and (self.w.uses_contrib or any(
+            target.startswith("tensorflow.contrib") for target in bindings.values()))
         module.gradient_sums = [g for g in map(self._gradient_sum, self.w.sum_raw) if g is not None]
         module.attribute_sets = [self._attribute_set(*item, module.bn_sites)
                                  for item in self.w.attr_sets]
@@ -147,6 +149,21 @@ class Resolver:
         stmt_value = getattr(raw.stmt, "value", None)
         nested = stmt_value is not call and not (raw.parents and call in raw.parents[-1].args)
         return GradientSum(raw.kind, call_info(self.text, call), function, loop.name, divided, nested)
+
+    def names_used(self, expr: ast.expr, function: FunctionInfo | None) -> frozenset[str]:
+        """The names `expr` depends on: its own, and (through local assignments in
+        `function`) those their values were computed from."""
+        out: set[str] = set()
+        todo = [expr]
+        for _ in range(TRACE_DEPTH):
+            found = {n.id for e in todo for n in ast.walk(e)
+                     if isinstance(n, ast.Name) and n.id not in out}
+            if not found:
+                break
+            out |= found
+            todo = [value for name in found
+                    for _, value, _ in self.w.defs.get((fkey(function), name), [])]
+        return frozenset(out)
 
     def _derives_from(self, expr: ast.expr, names: frozenset[str], function: FunctionInfo | None,
                       depth: int = 0, seen: frozenset[str] = frozenset()) -> bool:
@@ -435,7 +452,9 @@ class Resolver:
         args = self._api_args(raw, spec, spec.params)
         qual = self.w.cat.normalize(raw.written)
         site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
-                      unpacked=_unpacks(raw.call), written=raw.written)
+                      unpacked=_unpacks(raw.call), written=raw.written,
+                      conditions=conditions_of(self.text, raw, functools.partial(
+                          self.names_used, function=raw.ctx.function)))
         target = self._assigned_target(raw)
         if target is not None:
             self._site_targets[id(site)] = target
@@ -524,12 +543,13 @@ class Resolver:
             if frame.expr is not None:
                 keys |= self._keys(frame.expr, frame.function)
         kind = raw.kind
-        # update ops wired as control dependencies of anything in this function (`loss =
-        # tf.identity(loss)` under them, fetched with the train op): they run each step
+        # update ops made control dependencies of a value the train op is built from (`loss =
+        # tf.identity(loss)` under them, then `opt.minimize(loss)`): they run each step
+        used = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
         adds = runs_update_ops or any(
-            frame.function is function and frame.expr is not None and
+            frame.function is function and frame.expr is not None and used & assigned and
             "UPDATE_OPS" in self._keys(frame.expr, frame.function)
-            for frame in self.w.control_frames)
+            for frame, assigned in self.w.control_frames)
         if kind not in self.vocab.train_methods:
             update_arg = next((k.value for k in call.keywords if k.arg == "update_ops"), None)
             adds = adds or not (isinstance(update_arg, (ast.List, ast.Tuple)) and not update_arg.elts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bnfix.ir import (
@@ -51,6 +52,10 @@ class TorchContext:
         module.param_freezes = self._param_freezes()
         module.model_steps = [s for s in map(self._model_step, self.w.step_raw) if s is not None]
         module.bias_before_bn = self._bias_before_bn(module.bn_sites)
+        trains = any(s.kind == "optimizer" for s in module.model_steps) or any(
+            raw.kind in ("backward", "step", "minimize", "apply_gradients", "fit")
+            for raw in self.w.attr_calls) or bool(self.w.train_raw)
+        module.script_without_training = "__main__" in self.text.text and not trains
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -455,9 +460,11 @@ class TorchContext:
         return f"{id(ctx.function)}:{target}"
 
 
-def conditions_of(text: SourceText, raw: RawCall) -> tuple[Condition, ...]:
-    """The `if` tests a call runs under."""
-    return tuple(Condition(id(test), text.slice(text.span(test)), negated)
+def conditions_of(text: SourceText, raw: RawCall,
+                  uses: Callable[[ast.expr], frozenset[str]] | None = None) -> tuple[Condition, ...]:
+    """The `if` tests a call runs under (with the names each depends on, given `uses`)."""
+    return tuple(Condition(id(test), text.slice(text.span(test)), negated,
+                           uses(test) if uses is not None else frozenset())
                  for negated, test in raw.ctx.conditions)
 
 

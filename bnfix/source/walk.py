@@ -168,6 +168,7 @@ class Walker:
         self.local_calls: list[RawCall] = []
         self.loops: list[Loop] = []
         self.uses_compat_v1 = False
+        self.uses_contrib = False  # TF1-only `tf.contrib` (slim included) is used
         self.sum_raw: list[tuple[RawCall, Zip]] = []
         self.divisions: list[Division] = []
         self.divided: set[int] = set()  # ids of expressions that are divided
@@ -188,7 +189,8 @@ class Walker:
         self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.ext_calls: list[RawCall] = []  # calls of first-party code imported from elsewhere
-        self.control_frames: list[WithFrame] = []  # `with ...control_dependencies(...)` blocks
+        # `with ...control_dependencies(...)` blocks, and the names their bodies assign
+        self.control_frames: list[tuple[WithFrame, frozenset[str]]] = []
         # project marks: what other files' rules ask about this module (`arg_scope:<api>`,
         # `loads_weights`, `registers:<collection>`), with the node and its context
         self.marks: list[tuple[str, ast.AST, Ctx]] = []
@@ -325,7 +327,8 @@ class Walker:
             params[arg.arg] = Param(arg.arg, None, None, True, i)
         for arg in args.kwonlyargs:
             params[arg.arg] = Param(arg.arg, None, None, False, -1)
-        function = FunctionInfo(qual, node.name, ctx.class_name, self.text.span(node), params)
+        owner = ctx.class_name if ctx.function is None else None  # a nested def is no method
+        function = FunctionInfo(qual, node.name, owner, self.text.span(node), params)
         self.defaults[id(function)] = defaults  # resolved once module constants are known
         self.names.update(params)
         self.functions.append(function)
@@ -345,7 +348,8 @@ class Walker:
         self.names.update(targets)
         loop_var, zero = self._loop_index(node)
         loop = Loop(node, ctx.function, targets, loop_var, zero,
-                    reuse=any(w.reuse for w in ctx.withs), zip_star=_is_zip_star(node.iter),
+                    reuse=any(w.reuse for w in ctx.withs),
+                    zip_star=_is_zip_star(node.iter) or _is_entry_index(node.iter),
                     synced=any(w.category == "sync_towers" for w in ctx.withs))
         inner = replace(ctx, loops=(*ctx.loops, loop))
         it = node.iter
@@ -394,7 +398,9 @@ class Walker:
         for frame in frames:
             self._note_scope(frame, node, ctx)
             if frame.category == "control_dependencies":
-                self.control_frames.append(frame)
+                assigned = frozenset(t.id for stmt in node.body if isinstance(stmt, ast.Assign)
+                                     for t in stmt.targets if isinstance(t, ast.Name))
+                self.control_frames.append((frame, assigned))
         no_grad = any(frame.category == "no_grad" for frame in frames)
         self._body(node.body, replace(ctx, withs=withs, region=node if no_grad else ctx.region))
 
@@ -502,6 +508,8 @@ class Walker:
             return None
         if qual.startswith("tensorflow.compat.v1."):
             self.uses_compat_v1 = True
+        elif qual.startswith("tensorflow.contrib."):
+            self.uses_contrib = True
         return self.cat.normalize(qual)
 
     def _call(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt, parents: tuple[ast.Call, ...],
@@ -676,6 +684,18 @@ def _is_zip_star(expr: ast.expr) -> bool:
     """`zip(*tower_grads)`: one entry per variable, holding one value per tower."""
     return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and \
         expr.func.id == "zip" and len(expr.args) == 1 and isinstance(expr.args[0], ast.Starred)
+
+
+def _is_entry_index(expr: ast.expr) -> bool:
+    """`range(len(tower_grads[0]))`: the index loop that transposes a list of per-tower lists
+    (`[g[i] for g in tower_grads]`), the same walk as `zip(*tower_grads)`."""
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and
+            expr.func.id == "range" and len(expr.args) == 1):
+        return False
+    inner = expr.args[0]
+    return isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and \
+        inner.func.id == "len" and len(inner.args) == 1 and \
+        isinstance(inner.args[0], ast.Subscript) and isinstance(inner.args[0].value, ast.Name)
 
 
 def _zip(target: ast.expr) -> Zip:
