@@ -22,6 +22,7 @@ from bnfix.ir import (
     InsertRows,
     ModelStep,
     ModuleIR,
+    Related,
     Span,
     TowerLoop,
     WrapStatements,
@@ -93,7 +94,7 @@ def _in_loop(tower: TowerLoop) -> Inside:
 
 def _towers(module: ModuleIR) -> Iterator[Finding]:
     for tower in (t for t in module.tower_loops if not t.synced):
-        sites = [s for s in module.bn_sites
+        sites = [s for s in module.all_bn_sites()
                  if s.api.framework in ("tensorflow", "keras") and not s.api.synced
                  and s.api.kind != "module" and _reaches(s, _in_loop(tower)) and training_mode(s)]
         if not sites:
@@ -104,7 +105,10 @@ def _towers(module: ModuleIR) -> Iterator[Finding]:
             "not batch statistics, so BN sees 1/N of the batch; synchronize the statistics across "
             "the towers"
         )
-        yield Finding("BN006", tower.header or tower.span, message, _tower_fix(module, tower, sites))
+        related = tuple(Related(s.origin.path, s.origin.span, "a BatchNorm the towers build")
+                        for s in sites[:2] if s.origin is not None)
+        yield Finding("BN006", tower.header or tower.span, message,
+                      _tower_fix(module, tower, sites), related)
 
 
 def _tower_fix(module: ModuleIR, tower: TowerLoop, sites: list[BNSite]) -> Fix:
@@ -134,20 +138,29 @@ def _in_scope(scope: DeviceScope) -> Inside:
 def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
     reported: set[int] = set()
     for scope in module.device_scopes:
-        for site in module.bn_sites:
+        for site in module.all_bn_sites():
             if id(site) in reported or "synchronized" not in site.api.defaults or site.api.synced:
                 continue
             if is_const(site.value("synchronized"), True) or not _reaches(site, _in_scope(scope)):
                 continue
             reported.add(id(site))
             how = "" if scope.resolved else " (judged by its name)"
+            built = f"`{site.call.callee}`" if site.origin is None else \
+                f"`{site.qualname}` ({site.origin.describe()})"
             message = (
-                f"`{site.call.callee}` is built under `{scope.strategy}.scope()` (line "
+                f"{built} is built under `{scope.strategy}.scope()` (line "
                 f"{scope.span.start.row}), a multi-device strategy{how}, without "
                 "`synchronized=True`: each replica normalizes its own slice of the global batch and "
                 "keeps its own moving statistics"
             )
-            yield Finding("BN006", site.span, message, _keras_fix(module, site))
+            if site.origin is not None:
+                fix = Fix(DISPLAY, f"Pass `synchronized=True` where the layer is built "
+                                   f"({site.origin.describe()}); {COST}")
+                yield Finding("BN006", site.span, message, fix,
+                              (Related(site.origin.path, site.origin.span,
+                                       "the BatchNormalization is built here"),))
+            else:
+                yield Finding("BN006", site.span, message, _keras_fix(module, site))
 
 
 def _keras_fix(module: ModuleIR, site: BNSite) -> Fix:
@@ -177,12 +190,16 @@ MOVED = re.compile(r"^(?P<model>[A-Za-z_][\w.]*?)(?:\.(?:to|cuda)\(.*\))?$", re.
 def _plain_torch_bn(module: ModuleIR) -> str | None:
     """Where this file gets plain BN from, for the message: its own BN layers, or a library
     model known to hold them; None when it has none (or already synchronizes some)."""
-    torch_sites = [s for s in module.bn_sites if s.api.framework == "torch"]
+    torch_sites = [s for s in module.all_bn_sites() if s.api.framework == "torch"]
     if any(s.api.synced for s in torch_sites):
         return None
     plain = [s for s in torch_sites if not s.api.synced and s.api.synced_counterpart]
+    local = [s for s in plain if s.origin is None]
+    if local:
+        return f"the BatchNorm layers of this file ({_lines(local)})"
     if plain:
-        return f"the BatchNorm layers of this file ({_lines(plain)})"
+        return f"the BatchNorm layers of the model it builds (`{plain[0].qualname}` at " \
+               f"{plain[0].origin.describe()})"  # type: ignore[union-attr]
     if module.bn_models:
         model = module.bn_models[0]
         return f"the BatchNorm layers of `{model.callee}` (line {model.span.start.row})"

@@ -98,11 +98,13 @@ def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
     if not module.graph_mode:
         return
     marker = module.graph_mode[0]
-    for site in module.bn_sites:
+    for site in module.all_bn_sites():
         if not _keras3(site, module):
             continue
+        built = f"`{site.call.callee}`" if site.origin is None else \
+            f"`{site.qualname}` ({site.origin.describe()})"
         message = (
-            f"Keras 3 `{site.call.callee}` in TF1 graph-mode code (`{marker.text}` at line "
+            f"Keras 3 {built} in TF1 graph-mode code (`{marker.text}` at line "
             f"{marker.span.start.row}): the layer builds, but adds no update ops to UPDATE_OPS, "
             "so its moving mean/variance never change and inference uses their initial values; "
             "use `tf.compat.v1.layers.batch_normalization` with tf-keras (`pip install tf-keras`, "
@@ -110,4 +112,6 @@ def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
         )
         fix = Fix(Applicability.DISPLAY_ONLY,
                   "Run TF1 graph code with tf-keras (TF_USE_LEGACY_KERAS=1)")
-        yield Finding("BN011", site.call.span, message, fix)
+        related = () if site.origin is None else (
+            Related(site.origin.path, site.origin.span, "the Keras layer is built here"),)
+        yield Finding("BN011", site.call.span, message, fix, related)

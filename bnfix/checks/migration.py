@@ -9,6 +9,8 @@ from bnfix.checks import check
 from bnfix.checks.tensorflow import hard_wired
 from bnfix.ir import (
     Applicability,
+    Related,
+    bindings,
     Arg,
     BNSite,
     Const,
@@ -200,30 +202,70 @@ TF_MESSAGE = (
 
 @check("BN008")
 def momentum_convention(module: ModuleIR) -> Iterator[Finding]:
-    for site in module.bn_sites:
+    seen: set[Span | None] = set()
+    for site in module.all_bn_sites():
         if hard_wired(site):
             continue  # the moving statistics are never used: their momentum does not matter
         convention = site.api.momentum_convention
+        if convention not in ("tf", "torch"):
+            continue
         arg = site.args.get("momentum")
-        if convention not in ("tf", "torch") or arg is None or not isinstance(arg.value, Const):
-            continue
-        value = arg.value.value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-            continue
-        # 0.5 reads the same in both conventions (and 1 - 0.5 would change nothing)
-        if convention == "torch" and value > 0.5:
-            template = TORCH_MESSAGE
-        elif convention == "tf" and value < 0.5:
-            template = TF_MESSAGE
+        if arg is not None and isinstance(arg.value, Const):  # one finding per call
+            momenta = [arg.value] if arg.span not in seen else []
+            seen.add(arg.span)
         else:
-            continue
-        text = arg.value_text
-        operand = text if _atomic(text) else f"({text})"
-        message = template.format(callee=site.call.callee, name=arg.name, text=operand, value=value)
-        fix = Fix(UNSAFE, f"Convert to the {'PyTorch' if convention == 'torch' else 'TensorFlow'} "
-                  f"convention: `{arg.name}=1 - {operand}`",
-                  (Edit(arg.value_span, f"1 - {operand}"),))
-        yield Finding("BN008", arg.span, message, fix)
+            momenta = _momenta(site)
+        for literal in momenta:
+            value = literal.value
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0 < value < 1 or literal.span is None:
+                continue
+            # 0.5 reads the same in both conventions (and 1 - 0.5 would change nothing)
+            if convention == "torch" and value > 0.5:
+                template = TORCH_MESSAGE
+            elif convention == "tf" and value < 0.5:
+                template = TF_MESSAGE
+            else:
+                continue
+            if arg is None or not isinstance(arg.value, Const):
+                if literal.span in seen:
+                    continue
+                seen.add(literal.span)
+            yield _bn008(site, literal, template, convention)
+
+
+def _momenta(site: BNSite) -> list[Const]:
+    """The literal momenta that reach the BN and are written in this file: at the call, or
+    through a wrapper's parameter (its default, or what a call site here passes)."""
+    arg = site.args.get("momentum")
+    value = arg.value if arg is not None else site.bound.get("momentum")
+    out = []
+    for binding in bindings(site.function):
+        bound = binding.value(value)
+        if isinstance(bound, Const) and bound.local and bound not in out:
+            out.append(bound)
+    return out
+
+
+def _bn008(site: BNSite, literal: Const, template: str, convention: str) -> Finding:
+    arg = site.args.get("momentum")
+    direct = arg is not None and isinstance(arg.value, Const)  # written at the call (or its name)
+    name = arg.name if arg is not None else "momentum"
+    text = arg.value_text if direct and arg is not None else literal.text
+    operand = text if _atomic(text) else f"({text})"
+    callee = site.call.callee if site.origin is None else site.qualname
+    message = template.format(callee=callee, name=name, text=operand, value=literal.value)
+    if not direct:
+        where = f" (built at {site.origin.describe()})" if site.origin is not None else ""
+        message = f"the momentum written here reaches `{callee}`{where}: " + message
+    assert literal.span is not None
+    where = arg.value_span if direct and arg is not None else literal.span
+    fix = Fix(UNSAFE, f"Convert to the {'PyTorch' if convention == 'torch' else 'TensorFlow'} "
+              f"convention: `{name}=1 - {operand}`", (Edit(where, f"1 - {operand}"),))
+    span = arg.span if direct and arg is not None else literal.span
+    related = () if site.origin is None else (
+        Related(site.origin.path, site.origin.span, "the BatchNorm is built here"),)
+    return Finding("BN008", span, message, fix, related)
 
 
 def _atomic(text: str) -> bool:
