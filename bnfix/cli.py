@@ -127,7 +127,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
 def _rule_record(rule) -> dict:  # type: ignore[no-untyped-def]
     return {"code": rule.code, "name": rule.name, "summary": rule.summary,
-            "severity": rule.severity, "fix": rule.fix, "frameworks": list(rule.frameworks),
+            "severity": rule.severity, "fix": rule.fix, "default": rule.default,
+            "frameworks": list(rule.frameworks),
             "url": rule.url, "explanation": rule.markdown()}
 
 

@@ -366,6 +366,7 @@ class BNSite:
     bound: dict[str, Value] = field(default_factory=dict)
     settable: dict[str, str] = field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()  # the `if` tests the BN call runs under
+    indirect: str | None = None  # "normalizer_fn": another layer calls it (slim's idiom)
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -809,6 +810,14 @@ class ModuleIR:
     project_marks: list[Mark] = field(default_factory=list)  # every file's (empty: no project)
     reached_facts: dict[str, list[Origin]] = field(default_factory=dict)  # facts of code it calls
     project_apis: dict[str, ApiRef] = field(default_factory=dict)  # BN APIs the project builds
+
+    def tensorflow_target(self) -> tuple[int, ...]:
+        """The TensorFlow this code must run on: the configured or pinned version; else TF1
+        for code written against TF1 only (tf.contrib, or `tf.Session`-style calls without
+        tf.compat.v1); else the current release."""
+        if not self.target_explicit and self.tf1_code:
+            return (1, 15)
+        return self.targets.get("tensorflow", ())
 
     def all_bn_sites(self) -> list[BNSite]:
         """BN built here and BN built elsewhere by the first-party code this module calls."""

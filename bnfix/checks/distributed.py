@@ -138,34 +138,43 @@ def _in_scope(scope: DeviceScope) -> Inside:
 def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
     reported: set[int] = set()
     for scope in module.device_scopes:
+        reached: dict[Span, list[BNSite]] = {}  # BN of other files, by the call made here
         for site in module.all_bn_sites():
             if id(site) in reported or "synchronized" not in site.api.defaults or site.api.synced:
                 continue
             if is_const(site.value("synchronized"), True) or not _reaches(site, _in_scope(scope)):
                 continue
             reported.add(id(site))
-            how = "" if scope.resolved else " (judged by its name)"
-            built = f"`{site.call.callee}`" if site.origin is None else \
-                f"`{site.qualname}` ({site.origin.describe()})"
-            message = (
-                f"{built} is built under `{scope.strategy}.scope()` (line "
-                f"{scope.span.start.row}), a multi-device strategy{how}, without "
-                "`synchronized=True`: each replica normalizes its own slice of the global batch and "
-                "keeps its own moving statistics"
-            )
             if site.origin is not None:
-                fix = Fix(DISPLAY, f"Pass `synchronized=True` where the layer is built "
-                                   f"({site.origin.describe()}); {COST}")
-                yield Finding("BN006", site.span, message, fix,
-                              (Related(site.origin.path, site.origin.span,
-                                       "the BatchNormalization is built here"),))
-            else:
-                yield Finding("BN006", site.span, message, _keras_fix(module, site))
+                reached.setdefault(site.span, []).append(site)
+                continue
+            yield Finding("BN006", site.span, _scope_message(f"`{site.call.callee}`", scope),
+                          _keras_fix(module, site))
+        for span, sites in reached.items():
+            first = sites[0]
+            assert first.origin is not None
+            more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
+            built = f"`{first.qualname}` ({first.origin.describe()}){more}"
+            fix = Fix(DISPLAY, f"Pass `synchronized=True` where the layers are built "
+                               f"({first.origin.describe()}{more}); {COST}")
+            related = tuple(Related(s.origin.path, s.origin.span,
+                                    "a BatchNormalization built without synchronized=True")
+                            for s in sites[:3] if s.origin is not None)
+            yield Finding("BN006", span, _scope_message(built, scope), fix, related)
+
+
+def _scope_message(built: str, scope: DeviceScope) -> str:
+    how = "" if scope.resolved else " (judged by its name)"
+    return (
+        f"{built} is built under `{scope.strategy}.scope()` (line {scope.span.start.row}), a "
+        f"multi-device strategy{how}, without `synchronized=True`: each replica normalizes its "
+        "own slice of the global batch and keeps its own moving statistics"
+    )
 
 
 def _keras_fix(module: ModuleIR, site: BNSite) -> Fix:
     message = f"Pass `synchronized=True` ({COST})"
-    if module.targets.get("tensorflow", (2, 12)) < (2, 12):
+    if module.tensorflow_target() < (2, 12):
         return Fix(DISPLAY, "Use `tf.keras.layers.experimental.SyncBatchNormalization` "
                             "(`synchronized=True` needs TensorFlow 2.12)")
     arg = site.args.get("synchronized")

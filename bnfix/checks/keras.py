@@ -15,6 +15,7 @@ from bnfix.ir import (
     Fix,
     ModuleIR,
     Related,
+    Span,
     bindings,
     is_const,
 )
@@ -23,7 +24,7 @@ KERAS3_TENSORFLOW = (2, 16)  # tf.keras is Keras 3 from TensorFlow 2.16 on
 
 
 def _tensorflow(module: ModuleIR) -> tuple[int, ...]:
-    return module.targets.get("tensorflow", ())
+    return module.tensorflow_target()
 
 
 BN009_MESSAGE = (
@@ -98,9 +99,11 @@ def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
     if not module.graph_mode:
         return
     marker = module.graph_mode[0]
+    calls: set[Span] = set()
     for site in module.all_bn_sites():
-        if not _keras3(site, module):
-            continue
+        if not _keras3(site, module) or (site.origin is not None and site.span in calls):
+            continue  # one finding per call that reaches Keras BN in another file
+        calls.add(site.span)
         built = f"`{site.call.callee}`" if site.origin is None else \
             f"`{site.qualname}` ({site.origin.describe()})"
         message = (

@@ -140,20 +140,9 @@ def _map_argument(plan: _Plan, migration: Migration, arg: Arg, index: int,
     plan.refuse(migration.refuse.get(name, f"`{name}` has no equivalent"))
 
 
-TF1_TARGET = (1, 15)
-
-
-def _target(module: ModuleIR) -> tuple[int, ...]:
-    """The TensorFlow the code must run on: the configured or pinned version; else TF1 for
-    code written against TF1 only (tf.contrib, no tf.compat.v1); else the current release."""
-    if not module.target_explicit and module.tf1_code:
-        return TF1_TARGET
-    return module.targets.get("tensorflow", ())
-
-
 @check("BN007")
 def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
-    tensorflow = _target(module)
+    tensorflow = module.tensorflow_target()
     for site in module.bn_sites:
         migration = site.api.migration
         if migration is None:
@@ -171,6 +160,11 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
                    f"this code targets): {migration.why}; use `{shown}`")
         if migration.display_only:
             yield Finding("BN007", site.call.span, message, Fix(DISPLAY, f"Use `{shown}`"))
+            continue
+        if site.indirect is not None:  # `normalizer_fn=slim.batch_norm`: called by the layer
+            fix = Fix(DISPLAY, f"Build the BN with `{shown}` after the layer (its "
+                               "`normalizer_params` map to other argument names)")
+            yield Finding("BN007", site.call.span, message, fix)
             continue
         if target is None:
             fix = Fix(DISPLAY, f"Use `{shown}` (import its module first)")

@@ -92,6 +92,7 @@ def training_mode(site: BNSite) -> bool:
 
 @check("BN001")
 def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
+    seen: set[Span] = set()  # BN of other files frozen by one literal here: one finding
     for site in module.all_bn_sites():
         if site.api.trainable_semantics != "affine":
             continue
@@ -103,6 +104,10 @@ def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
         assert isinstance(literal, Const)
         if literal.where is not None:
             continue  # the `False` is written in another file: reported there
+        if site.origin is not None and literal.span is not None:
+            if literal.span in seen:
+                continue
+            seen.add(literal.span)
         frozen = [c for c in contexts if is_const(c.trainable, False) and is_const(c.training, False)]
         first = bad[0]
         direct = site.args.get("trainable")

@@ -16,6 +16,7 @@ from bnfix.ir import (
     AttributeSet,
     Block,
     BNSite,
+    CallInfo,
     CallSite,
     CollectionGet,
     Const,
@@ -66,6 +67,7 @@ class Resolver:
         towers = self._towers()
         module = ModuleIR(path=self.path, functions=list(self.w.functions), tower_loops=towers)
         module.bn_sites = [self._bn_site(raw, spec) for raw, spec in self.w.bn_raw]
+        module.bn_sites += [self._normalizer_site(*item) for item in self.w.normalizer_raw]
         self._instance_calls(module.bn_sites)
         module.collection_gets = [self._collection_get(raw, towers) for raw in self.w.gets.values()]
         runs_update_ops = any("UPDATE_OPS" in self._keys(r.call, r.ctx.function) for r in self.w.run_raw)
@@ -76,8 +78,9 @@ class Resolver:
             module.aliases.setdefault(target, local)
         module.names_in_use = frozenset(self.w.names)
         module.tf1_prefix = self._tf1_prefix()
-        module.tf1_code = not self.w.uses_compat_v1 and (self.w.uses_contrib or any(
-            target.startswith("tensorflow.contrib") for target in bindings.values()))
+        module.tf1_code = not self.w.uses_compat_v1 and (
+            self.w.uses_contrib or self.w.uses_tf1_api or any(
+                target.startswith("tensorflow.contrib") for target in bindings.values()))
         module.gradient_sums = [g for g in map(self._gradient_sum, self.w.sum_raw) if g is not None]
         module.attribute_sets = [self._attribute_set(*item, module.bn_sites)
                                  for item in self.w.attr_sets]
@@ -227,6 +230,7 @@ class Resolver:
         callers (three levels): only those can change what a BN site receives, so only those
         are resolved (the project view asks for more: `resolve_call_sites`)."""
         needed = {id(raw.ctx.function) for raw, _ in self.w.bn_raw if raw.ctx.function}
+        needed |= {id(raw.ctx.function) for raw, _, _ in self.w.normalizer_raw if raw.ctx.function}
         needed |= {id(raw.ctx.function) for raw in self.w.gets.values() if raw.ctx.function}
         self.resolve_call_sites(needed)
 
@@ -450,6 +454,8 @@ class Resolver:
 
     def _bn_site(self, raw: RawCall, spec: ApiSpec) -> BNSite:
         args = self._api_args(raw, spec, spec.params)
+        for name, arg in self._scope_defaults(raw, spec).items():
+            args.setdefault(name, arg)
         qual = self.w.cat.normalize(raw.written)
         site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
                       unpacked=_unpacks(raw.call), written=raw.written,
@@ -459,6 +465,76 @@ class Resolver:
         if target is not None:
             self._site_targets[id(site)] = target
         return site
+
+    def _normalizer_site(self, raw: RawCall, spec: ApiSpec, keyword: ast.keyword) -> BNSite:
+        """slim's idiom: `conv2d(..., normalizer_fn=slim.batch_norm, normalizer_params=p)`
+        (or the same in an arg_scope) builds that BN with `p` (a dict, written here or in a
+        local variable) and the defaults of enclosing `arg_scope([slim.batch_norm], ...)`."""
+        function = raw.ctx.function
+        args: dict[str, Arg] = {}
+        params = next((k.value for k in raw.call.keywords if k.arg == "normalizer_params"), None)
+        for name, arg in self._dict_args(params, function).items():
+            args[spec.canonical_name(name)] = arg
+        for name, arg in self._scope_defaults(raw, spec).items():
+            args.setdefault(name, arg)
+        value_span = self.text.span(keyword.value)
+        info = call_info(self.text, raw.call)
+        info = CallInfo(info.span, self.text.slice(value_span), info.args_end, info.close_paren,
+                        info.trailing_comma, info.multiline)
+        written = self.w.imports.qualname(keyword.value) or spec.names[0]
+        return BNSite(spec.ref, self.w.cat.normalize(written), info, args, function,
+                      unpacked=params is not None and not args, written=written,
+                      conditions=conditions_of(self.text, raw, functools.partial(
+                          self.names_used, function=function)),
+                      indirect="normalizer_fn")
+
+    def _dict_args(self, expr: ast.expr | None, function: FunctionInfo | None,
+                   depth: int = 0) -> dict[str, Arg]:
+        """The string-keyed items of a dict literal (or `dict(k=v)`, or a local variable
+        holding one) as arguments."""
+        if expr is None or depth > 2:
+            return {}
+        if isinstance(expr, ast.Name):
+            defs = self._defs_of(expr, function)
+            if len(defs) == 1 and defs[0][0] == "assign":
+                owner = function if self.w.defs.get((fkey(function), expr.id)) else None
+                return self._dict_args(defs[0][1], owner, depth + 1)
+            return {}
+        pairs: list[tuple[str, ast.expr]] = []
+        if isinstance(expr, ast.Dict):
+            pairs = [(k.value, v) for k, v in zip(expr.keys, expr.values)
+                     if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and \
+                expr.func.id == "dict":
+            pairs = [(k.arg, k.value) for k in expr.keywords if k.arg is not None]
+        out = {}
+        for name, value in pairs:
+            span = self.text.span(value)
+            out[name] = Arg(name, self.value(value, function), span, True, span,
+                            self.text.slice(span), self._items(value))
+        return out
+
+    def _scope_defaults(self, raw: RawCall, spec: ApiSpec) -> dict[str, Arg]:
+        """Arguments that enclosing `arg_scope([..., this BN API], key=value, **params)`
+        blocks give the BN call (innermost first; a call's own arguments win)."""
+        out: dict[str, Arg] = {}
+        for frame in reversed(raw.ctx.withs):
+            call = frame.call
+            if call is None or self.vocab.fn_kind.get(self.w.qualname(call.func) or "") != \
+                    "arg_scope" or not call.args or not isinstance(call.args[0], (ast.List, ast.Tuple)):
+                continue
+            listed = [self.w.cat.apis.get(self.w.qualname(e) or "") for e in call.args[0].elts]
+            if not any(s is not None and s.id == spec.id for s in listed):
+                continue
+            for kw in call.keywords:
+                items = self._dict_args(kw.value, frame.function) if kw.arg is None else {}
+                if kw.arg is not None and kw.arg not in ("normalizer_fn", "normalizer_params"):
+                    span = self.text.span(kw.value)
+                    items = {kw.arg: Arg(kw.arg, self.value(kw.value, frame.function), span, True,
+                                         span, self.text.slice(span), self._items(kw.value))}
+                for name, arg in items.items():
+                    out.setdefault(spec.canonical_name(name), arg)
+        return out
 
     def _assigned_target(self, raw: RawCall) -> tuple[str, object] | None:
         stmt = raw.stmt

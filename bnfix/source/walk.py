@@ -94,6 +94,7 @@ class WithFrame:
     expr: ast.expr | None  # the first argument (device string, scope name, control inputs)
     function: FunctionInfo | None
     reuse: bool  # a variable_scope opened with reuse=<not False/None> (AUTO_REUSE included)
+    call: ast.Call | None = None  # the context expression, when it is a call (an arg_scope)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class Walker:
         self.loops: list[Loop] = []
         self.uses_compat_v1 = False
         self.uses_contrib = False  # TF1-only `tf.contrib` (slim included) is used
+        self.uses_tf1_api = False  # TF1 graph API called as `tf.X`, not `tf.compat.v1.X`
         self.sum_raw: list[tuple[RawCall, Zip]] = []
         self.divisions: list[Division] = []
         self.divided: set[int] = set()  # ids of expressions that are divided
@@ -195,6 +197,9 @@ class Walker:
         # `loads_weights`, `registers:<collection>`), with the node and its context
         self.marks: list[tuple[str, ast.AST, Ctx]] = []
         self.restore_raw: list[RawCall] = []  # `x.variables_to_restore(...)`
+        # slim's idiom: a layer (or an arg_scope) given `normalizer_fn=slim.batch_norm` builds
+        # that BN with `normalizer_params`
+        self.normalizer_raw: list[tuple[RawCall, ApiSpec, ast.keyword]] = []
         self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
         self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
 
@@ -432,7 +437,8 @@ class Walker:
                 end.end_lineno, end.end_col_offset),  # type: ignore[arg-type]
             arg_text=self.text.slice(self.text.span(arg)) if arg is not None else "",
         )
-        return WithFrame(category, with_item, arg, ctx.function, reuse)
+        return WithFrame(category, with_item, arg, ctx.function, reuse,
+                         expr if isinstance(expr, ast.Call) else None)
 
     def _note_scope(self, frame: WithFrame, node: ast.With | ast.AsyncWith, ctx: Ctx) -> None:
         """Tower-loop evidence: a device / name scope that depends on a loop's variable."""
@@ -518,7 +524,7 @@ class Walker:
         qual = self.qualname(func)
         raw = RawCall(call, ctx, stmt, parents)
         if call.keywords:
-            self._keyword_marks(call, ctx)
+            self._keyword_marks(call, ctx, stmt)
         if qual is not None:
             if qual in self.vocab.weight_functions:
                 self.marks.append(("loads_weights", call, ctx))
@@ -561,6 +567,8 @@ class Walker:
                         self.marks.append((f"arg_scope:{spec.id}", call, ctx))
             elif kind == "graph_mode":
                 self.markers.append(("graph_mode", call))
+                if not (self.imports.qualname(func) or "").startswith("tensorflow.compat."):
+                    self.uses_tf1_api = True  # `tf.Session()`: TF1 code (TF2 lacks it)
             elif kind == "add_to_collection" and call.args:
                 for node in ast.walk(call.args[0]):
                     key = self.vocab.collections.get(self.qualname(node) or "") \
@@ -623,10 +631,16 @@ class Walker:
             self.model_calls.append(raw)
 
 
-    def _keyword_marks(self, call: ast.Call, ctx: Ctx) -> None:
+    def _keyword_marks(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt) -> None:
         """`resnet50(pretrained=True)` loads published weights; `get_variable(...,
-        collections=[..., MOVING_AVERAGE_VARIABLES])` registers a variable in a collection."""
+        collections=[..., MOVING_AVERAGE_VARIABLES])` registers a variable in a collection;
+        `conv2d(..., normalizer_fn=slim.batch_norm)` builds a BN."""
         for kw in call.keywords:
+            if kw.arg == "normalizer_fn":
+                spec = self.cat.apis.get(self.qualname(kw.value) or "")
+                if spec is not None:
+                    self.normalizer_raw.append((RawCall(call, ctx, stmt), spec, kw))
+                continue
             literal = kw.value.value if isinstance(kw.value, ast.Constant) else ...
             if (kw.arg in self.vocab.weight_keywords and literal not in (None, False, "")) or (
                     kw.arg in self.vocab.weight_string_keywords and isinstance(literal, str)
