@@ -92,46 +92,56 @@ def training_mode(site: BNSite) -> bool:
 
 @check("BN001")
 def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
-    seen: set[Span] = set()  # BN of other files frozen by one literal here: one finding
+    seen: set[Span] = set()  # one finding per `False` written here
     for site in module.all_bn_sites():
         if site.api.trainable_semantics != "affine":
             continue
         contexts = list(_contexts(site))
         bad = [c for c in contexts if is_const(c.trainable, False) and not is_const(c.training, False)]
-        if not bad:
-            continue
-        literal = bad[0].trainable
-        assert isinstance(literal, Const)
-        if literal.where is not None:
-            continue  # the `False` is written in another file: reported there
-        if site.origin is not None and literal.span is not None:
-            if literal.span in seen:
-                continue
-            seen.add(literal.span)
         frozen = [c for c in contexts if is_const(c.trainable, False) and is_const(c.training, False)]
-        first = bad[0]
-        direct = site.args.get("trainable")
-        origin = ""
-        if literal.span is not None and (direct is None or literal.span != direct.value.span) \
-                and not (site.origin is not None and _within(literal.span, site.call.span)):
-            origin = f" (the `False` comes from {_row(literal.span)})"
-        mode = _describe(first.training)
-        site_row = first.binding.innermost_site
-        where = f" at the call {_call_place(site_row)}" if site_row else ""
-        built = f"`{site.call.callee}`" if site.origin is None else _reached(site)
-        message = (
-            f"{built} is built with `trainable=False`{origin} but runs in training "
-            f"mode (training is {mode}{where}): gamma and beta never train and stay at 1 and 0"
-        )
-        if site.origin is None:
-            span = direct.span if direct is not None else site.span
-        else:
-            span = literal.span if literal.span is not None and _within(literal.span, site.call.span) \
-                else site.call.span
-        related = [*_origin_related(site), *(_call_related(c.binding.innermost_site, "runs it in training mode")
-                                             for c in bad[:1] if c.binding.innermost_site is not None
-                                             and c.binding.innermost_site.where)]
-        yield Finding("BN001", span, message, _bn001_fix(site, bad, frozen), tuple(related))
+        groups: dict[tuple[Span | None, str | None], list[_Context]] = {}
+        for context in bad:  # the contexts each decisive `False` freezes
+            assert isinstance(context.trainable, Const)
+            groups.setdefault((context.trainable.span, context.trainable.where), []).append(context)
+        for (span, where), group in groups.items():
+            if where is not None:
+                continue  # the `False` is written in another file: reported there
+            finding = _bn001(site, group, frozen)
+            if finding.span not in seen:
+                seen.add(finding.span)
+                yield finding
+
+
+def _bn001(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Finding:
+    first = bad[0]
+    literal = first.trainable
+    assert isinstance(literal, Const)
+    direct = site.args.get("trainable")
+    origin = ""
+    if literal.span is not None and (direct is None or literal.span != direct.value.span) \
+            and not (site.origin is not None and _within(literal.span, site.call.span)):
+        origin = f" (the `False` comes from {_row(literal.span)})"
+    mode = _describe(first.training)
+    site_row = first.binding.innermost_site
+    where = f" at the call {_call_place(site_row)}" if site_row else ""
+    built = f"`{site.call.callee}`" if site.origin is None else _reached(site)
+    message = (
+        f"{built} is built with `trainable=False`{origin} but runs in training "
+        f"mode (training is {mode}{where}): gamma and beta never train and stay at 1 and 0"
+    )
+    # where the user edits: the call site that passes the `False`, when one does (here);
+    # else the BN call (the `False` is its argument, its wrapper's default or a constant)
+    passed = literal.span is not None and (
+        site.origin is not None or any(_within(literal.span, s.span)
+                                       for _, s in first.binding.chain if not s.where))
+    if passed:
+        span = literal.span
+    else:
+        span = direct.span if direct is not None and site.origin is None else site.span
+    related = [*_origin_related(site), *(
+        _call_related(c.binding.innermost_site, "runs it in training mode") for c in bad[:1]
+        if c.binding.innermost_site is not None and c.binding.innermost_site.where)]
+    return Finding("BN001", span, message, _bn001_fix(site, bad, frozen), tuple(related))
 
 
 def _reached(site: BNSite) -> str:
@@ -354,23 +364,23 @@ def hard_wired(site: BNSite) -> bool:
 
 @check("BN003")
 def update_ops_not_run(module: ModuleIR) -> Iterator[Finding]:
-    sites = [
-        s for s in module.all_bn_sites()
-        if s.api.updates == "update_ops"
-        and not is_const(s.value("updates_collections"), None)
-        and training_mode(s)
-    ]
-    if not sites or stats_never_read(sites):
+    candidates = [s for s in module.all_bn_sites()
+                  if s.api.updates == "update_ops"
+                  and not is_const(s.value("updates_collections"), None)]
+    if not candidates:
         return
-    names = ", ".join(sorted({f"`{s.call.callee}`" if s.origin is None else _reached(s)
-                              for s in sites})[:3])
-    if len(sites) > 3:
-        names += f" and {len(sites) - 3} more"
-    reached = next((s for s in sites if s.origin is not None), None)
-    related = tuple(_origin_related(reached)) if reached is not None else ()
     for op in module.train_ops:
         if op.adds_update_ops or "UPDATE_OPS" in op.control_keys:
             continue
+        sites = [s for s in candidates if _trains_for(s, op)]
+        if not sites or stats_never_read(sites):
+            continue
+        names = ", ".join(sorted({f"`{s.call.callee}`" if s.origin is None else _reached(s)
+                                  for s in sites})[:3])
+        if len(sites) > 3:
+            names += f" and {len(sites) - 3} more"
+        reached = next((s for s in sites if s.origin is not None), None)
+        related = tuple(_origin_related(reached)) if reached is not None else ()
         if op.under_control_deps:
             keys = ", ".join(sorted(k for k in op.control_keys if k != "?")) or "other ops"
             cause = f"its control_dependencies hold {keys}, not UPDATE_OPS"
@@ -381,6 +391,36 @@ def update_ops_not_run(module: ModuleIR) -> Iterator[Finding]:
             f" the moving mean/variance of {names} stay at 0 and 1 and inference uses them"
         )
         yield Finding("BN003", op.call.span, message, _bn003_fix(module, op), related)
+
+
+def _trains_for(site: BNSite, op: TrainOp) -> bool:
+    """The BN is in the graph the train op trains, in training mode there: some calling context
+    of the BN passes through the train op's function or one of its callers (the code that
+    builds the model next to the train op), and is not literally in inference mode."""
+    around = _ancestors(op.function)
+    for context in _contexts(site):
+        functions = {id(site.function) if site.function is not None else 0}
+        functions |= {id(s.caller) if s.caller is not None else 0
+                      for _, s in context.binding.chain}
+        if functions & around and not is_const(context.training, False):
+            return True
+    return False
+
+
+def _ancestors(function: FunctionInfo | None, depth: int = 3) -> set[int]:
+    """The function (0 for module-level code) and its callers, `depth` levels up."""
+    out = {id(function) if function is not None else 0}
+    frontier = [function]
+    for _ in range(depth):
+        following = []
+        for f in frontier:
+            for s in f.call_sites if f is not None else ():
+                key = id(s.caller) if s.caller is not None else 0
+                if key not in out:
+                    out.add(key)
+                    following.append(s.caller)
+        frontier = following
+    return out
 
 
 def _bn003_fix(module: ModuleIR, op: TrainOp) -> Fix:
@@ -412,19 +452,23 @@ def _mentions(site: BNSite, canonical: str, key: str) -> bool:
     return value is not None and key in getattr(value, "text", "")
 
 
-def _registers(module: ModuleIR, key: str) -> list[str]:
-    """Where BN moving statistics of the BN this module uses join collection `key`: a BN
+def _registers(module: ModuleIR, key: str, user: FunctionInfo | None) -> list[str]:
+    """Where BN moving statistics of the BN used by `user`'s graph join collection `key`: a BN
     whose API registers there (contrib/slim: MODEL_VARIABLES), one whose
     `variables_collections` names it, or first-party code that adds variables to it (a
-    custom BN). When the module reaches no BN at all (the model is built by code the analysis
-    cannot follow), the BN the whole project builds answers — if all of it answers alike."""
-    sites = module.all_bn_sites()
+    custom BN) — built in the code `user` (or its callers) runs. When the module reaches no
+    BN at all (the model is built by code the analysis cannot follow), the BN the whole project
+    builds answers — if all of it answers alike."""
+    around = _ancestors(user)
+    sites = [s for s in module.all_bn_sites() if _runs_under(s.function, around)]
     places = [f"`{s.call.callee}` at line {s.span.start.row}" for s in sites
               if key in s.api.registers or _mentions(s, "variables_collections", key)]
-    places += [m.where() for m in module.marks if m.kind == f"registers:{key}"]
+    by_name = {f.qualname: f for f in module.functions}
+    places += [m.where() for m in module.marks if m.kind == f"registers:{key}" and (
+        m.function is None or _runs_under(by_name.get(m.function), around))]
     places += [f"{shown_path(o.path)}:{o.span.start.row}"
                for o in module.reached_facts.get(f"registers:{key}", [])]
-    if places or sites or not module.project_apis and not module.project_marks:
+    if places or module.all_bn_sites() or not module.project_apis and not module.project_marks:
         return places
     apis = module.project_apis
     custom = [m.where() for m in module.project_marks if m.kind == f"registers:{key}"]
@@ -435,8 +479,19 @@ def _registers(module: ModuleIR, key: str) -> list[str]:
     return []
 
 
-def _bn_in_use(module: ModuleIR) -> bool:
-    return bool(module.all_bn_sites() or module.project_apis)
+def _runs_under(function: FunctionInfo | None, around: set[int]) -> bool:
+    """Code in `function` runs when one of the `around` functions runs: it is module-level
+    code, one of them, or some calling context of it passes through one."""
+    if function is None or id(function) in around:
+        return True
+    return any((id(s.caller) if s.caller is not None else 0) in around
+               for b in bindings(function) for _, s in b.chain)
+
+
+def _bn_in_use(module: ModuleIR, user: FunctionInfo | None) -> bool:
+    around = _ancestors(user)
+    return any(_runs_under(s.function, around) for s in module.all_bn_sites()) or (
+        not module.all_bn_sites() and bool(module.project_apis))
 
 
 @check("BN004")
@@ -447,7 +502,7 @@ def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
         var_list = apply.var_list
         if var_list is None:
             continue
-        holders = _stat_holders(module, var_list)
+        holders = _stat_holders(module, var_list, apply.function)
         if holders:
             terms = ", ".join(f"`{t.text}`" for t, _ in holders)
             origin = f" through `{var_list.local_name}`" if var_list.local_name else ""
@@ -473,18 +528,19 @@ def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
             yield Finding("BN004", apply.call.span, message, fix, tuple(_origin_related(first)))
 
 
-def _stat_holders(module: ModuleIR, var_list: VarsExpr) -> list[tuple[VarsTerm, str]]:
+def _stat_holders(module: ModuleIR, var_list: VarsExpr,
+                  user: FunctionInfo | None) -> list[tuple[VarsTerm, str]]:
     """The terms of an EMA's var_list that hold BN moving statistics, and why."""
     out = []
     for term in var_list.terms:
-        if "stats:global" in term.tags and _bn_in_use(module):
+        if "stats:global" in term.tags and _bn_in_use(module, user):
             out.append((term, "every BN's moving statistics are global variables"))
         elif "stats:model" in term.tags:
-            places = _registers(module, "MODEL_VARIABLES")
+            places = _registers(module, "MODEL_VARIABLES", user)
             if places:
                 out.append((term, f"model variables hold them ({places[0]})"))
         elif "stats:moving_average" in term.tags:
-            places = _registers(module, "MOVING_AVERAGE_VARIABLES")
+            places = _registers(module, "MOVING_AVERAGE_VARIABLES", user)
             if places:
                 out.append((term, f"the BN registers them in MOVING_AVERAGE_VARIABLES "
                                   f"({places[0]})"))

@@ -32,7 +32,7 @@ from bnfix.source.imports import ModuleContext
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
 
 EXPANSION_ROUNDS = 3
-CALLER_LEVELS = 3  # the view attaches callers and their callers (view.CALLER_DEPTH + 1)
+CALLER_LEVELS = 4  # the view attaches callers and their callers (view.CALLER_DEPTH + 1)
 
 
 @dataclass

@@ -44,7 +44,7 @@ from bnfix.source.torch_context import conditions_of
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
 
-CALLER_DEPTH = 2  # levels of callers in other files attached to a function
+CALLER_DEPTH = 3  # levels of callers in other files attached (as deep as ir.bindings looks)
 Key = tuple[str, str]  # (module id, function qualname)
 
 

@@ -207,8 +207,9 @@ class TorchContext:
         calls: list[FreezeCall] = []
         for _ in range(3):  # a freeze that applies a freeze (`self.apply(set_bn_eval)`)
             calls = self._freeze_calls(freezers)
-            grown = {id(c.function): c.function for c in calls
-                     if c.function is not None and id(c.function) not in freezers}
+            grown = {id(c.function): c.function for c in calls  # construction is not a freeze
+                     if c.function is not None and id(c.function) not in freezers
+                     and c.function.name != "__init__"}
             if not grown:
                 break
             freezers.update(grown)
