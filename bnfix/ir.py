@@ -367,6 +367,7 @@ class BNSite:
     settable: dict[str, str] = field(default_factory=dict)
     conditions: tuple[Condition, ...] = ()  # the `if` tests the BN call runs under
     indirect: str | None = None  # "normalizer_fn": another layer calls it (slim's idiom)
+    opt_out: bool = False  # the other branch of its `if` builds a synchronized BN instead
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -799,6 +800,7 @@ class ModuleIR:
     names_in_use: frozenset[str] = frozenset()
     tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)
     tf1_code: bool = False  # TF1 code through and through: tf.contrib, no tf.compat.v1
+    trains: bool = True  # builds an optimizer, steps one, or calls backward()/fit()/minimize()
     script_without_training: bool = False  # a `__main__` script that never steps an optimizer
     target_explicit: bool = False  # the TensorFlow target comes from configuration or pins
     targets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # framework -> version

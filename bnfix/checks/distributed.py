@@ -96,6 +96,7 @@ def _towers(module: ModuleIR) -> Iterator[Finding]:
     for tower in (t for t in module.tower_loops if not t.synced):
         sites = [s for s in module.all_bn_sites()
                  if s.api.framework in ("tensorflow", "keras") and not s.api.synced
+                 and not s.opt_out
                  and s.api.kind != "module" and _reaches(s, _in_loop(tower)) and training_mode(s)]
         if not sites:
             continue
@@ -140,7 +141,8 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
     for scope in module.device_scopes:
         reached: dict[Span, list[BNSite]] = {}  # BN of other files, by the call made here
         for site in module.all_bn_sites():
-            if id(site) in reported or "synchronized" not in site.api.defaults or site.api.synced:
+            if id(site) in reported or "synchronized" not in site.api.defaults or \
+                    site.api.synced or site.opt_out:
                 continue
             if is_const(site.value("synchronized"), True) or not _reaches(site, _in_scope(scope)):
                 continue
@@ -216,6 +218,8 @@ def _plain_torch_bn(module: ModuleIR) -> str | None:
 
 
 def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
+    if not module.trains and any(m.kind == "eval" for m in module.mode_calls):
+        return  # an evaluation script: BN runs in eval mode, there are no batch statistics
     plain = _plain_torch_bn(module)
     if plain is None or any(s.kind == "sync_convert" for s in module.model_steps):
         return

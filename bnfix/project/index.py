@@ -24,6 +24,7 @@ from bnfix.project.summary import (
 
 MAX_DEPTH = 8  # re-exports / bases followed
 MAX_REACH = 512  # BN reached from one function (a whole network is a few hundred)
+MAX_STEPS = 200_000  # reach computations per index: recomputation inside call cycles is bounded
 CONSTRUCTION = ("__init__", "build")  # what building an instance of a class runs
 
 
@@ -52,6 +53,7 @@ class Reach:
     via: tuple[tuple[str, Loc, str], ...]  # (file, call location, callee) from there down
     unpacked: bool = False
     settable: dict[str, str] = field(default_factory=dict)  # BN arg -> parameter that sets it
+    opt_out: bool = False  # the BN's `if` builds a synchronized BN in its other branch
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,12 @@ class ProjectIndex:
         self.modules = modules
         self._reach: dict[tuple[str, str], tuple[Reach, ...]] = {}
         self._busy: set[tuple[str, str]] = set()
+        self._cuts = 0  # times a recursion was cut (results computed meanwhile are partial)
+        self._steps = 0
         self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
         self._callers: dict[tuple[str, str], list[Caller]] | None = None
         self._facts: dict[tuple[str, str], dict[str, list[tuple[str, Loc]]]] = {}
+        self._facts_busy: set[tuple[str, str]] = set()
         self._marks: list[tuple[str, str, Loc, str | None]] | None = None
         self._apis: set[str] | None = None
         self.gave_up: list[str] = []  # where resolution stopped (cycles, depth)
@@ -109,7 +114,7 @@ class ProjectIndex:
         summary = self.summaries.get(module)
         if summary is None or depth > MAX_DEPTH:
             if depth > MAX_DEPTH:
-                self.gave_up.append(f"{module}.{name}: re-exports nested deeper than {MAX_DEPTH}")
+                self._gave_up_once(f"{module}.{name}: re-exports nested deeper than {MAX_DEPTH}")
             return ()
         head, _, tail = name.partition(".")
         if name in summary.functions:
@@ -211,36 +216,49 @@ class ProjectIndex:
 
     def reach(self, module: str, qualname: str) -> tuple[Reach, ...]:
         """Every BN that calling `module.qualname` builds, its arguments in the function's
-        terms. A function whose reach is being computed further up the stack (recursion)
-        contributes nothing there."""
+        terms. In a cycle, a function whose reach is being computed further up the stack
+        contributes nothing there, and what was computed under that cut is not remembered
+        (it is computed again, whole, when asked from outside the cycle)."""
         key = (module, qualname)
         if key in self._reach:
             return self._reach[key]
         if key in self._busy:
+            self._cuts += 1
             return ()
         function = self.function(module, qualname)
         summary = self.summaries.get(module)
         if function is None or summary is None:
             return ()
+        self._steps += 1
+        if self._steps > MAX_STEPS:
+            self._gave_up_once(f"{module}.{qualname}: more than {MAX_STEPS} reach steps "
+                               "(call cycles)")
+            return ()
+        cuts = self._cuts
         self._busy.add(key)
         out: list[Reach] = []
         for build in function.bn:
             args = {name: value.at(summary.path) if value.kind != "p" else value
                     for name, value in build.args.items()}
             out.append(Reach(build.api, build.qualname, summary.path, build.loc, args, (),
-                             build.unpacked))
+                             build.unpacked, opt_out=build.opt_out))
         for call in function.calls:
             for reached in self.reach_at(module, call):
                 out.append(reached)
                 if len(out) >= MAX_REACH:
                     break
             if len(out) >= MAX_REACH:
-                self.gave_up.append(f"{module}.{qualname}: more than {MAX_REACH} BN reached")
+                self._gave_up_once(f"{module}.{qualname}: more than {MAX_REACH} BN reached")
                 break
         self._busy.discard(key)
         result = tuple(out)
-        self._reach[key] = result
+        if self._cuts == cuts or not self._busy:
+            self._reach[key] = result
         return result
+
+    def _gave_up_once(self, why: str) -> None:
+        if why not in self.gave_up:
+            self.gave_up.append(why)
 
     def reach_at(self, module: str, call: CallRecord) -> list[Reach]:
         """The BN that one call (made in `module`) reaches, in the caller's terms."""
@@ -267,7 +285,8 @@ class ProjectIndex:
                         args[name] = value
                 hop = (summary.path, call.loc, call.target.lstrip("@"))
                 out.append(Reach(reached.api, reached.qualname, reached.path, reached.loc, args,
-                                 (hop, *reached.via), reached.unpacked or call.star, settable))
+                                 (hop, *reached.via), reached.unpacked or call.star, settable,
+                                 reached.opt_out))
         return out
 
     @staticmethod
@@ -297,7 +316,14 @@ class ProjectIndex:
         key = (module, qualname)
         if key in self._facts:
             return self._facts[key]
-        self._facts[key] = {}  # a recursive call contributes nothing further up the stack
+        if key in self._facts_busy:
+            self._cuts += 1
+            return {}
+        self._steps += 1
+        if self._steps > MAX_STEPS:
+            return {}
+        cuts = self._cuts
+        self._facts_busy.add(key)
         function = self.function(module, qualname)
         summary = self.summaries.get(module)
         out: dict[str, list[tuple[str, Loc]]] = {}
@@ -306,8 +332,11 @@ class ProjectIndex:
                 out.setdefault(fact, []).append((summary.path, function.loc))
             for call in function.calls:
                 for fact, places in self.facts_at(module, call).items():
-                    out.setdefault(fact, []).extend(p for p in places if p not in out[fact])
-        self._facts[key] = out
+                    mine = out.setdefault(fact, [])
+                    mine.extend(p for p in places if p not in mine)
+        self._facts_busy.discard(key)
+        if self._cuts == cuts or not self._facts_busy:
+            self._facts[key] = out
         return out
 
     def facts_at(self, module: str, call: CallRecord) -> dict[str, list[tuple[str, Loc]]]:

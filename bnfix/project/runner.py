@@ -130,6 +130,11 @@ class ProjectRunner:
             self._summaries(plans)
             index = ProjectIndex(self.store, modules)
             yield from self._check(plans, index, scope_digest)
+            self.notes.extend(f"project analysis gave up: {why}"
+                              for why in dict.fromkeys(index.gave_up))
+            self.notes.extend(f"two files are module `{name}` ({', '.join(paths)}): imports of it "
+                              "are resolved from each importer's own folder first"
+                              for name, paths in modules.conflicts())
             finished = True
         finally:
             if self._pool is not None:
@@ -148,7 +153,9 @@ class ProjectRunner:
             for plan in todo:
                 stale = self.cache.get(plan.absolute) if self.cache is not None else None
                 known = stale.digest if stale is not None and stale.context == plan.context else None
-                jobs.append((plan.worker, (plan.absolute, plan.ref, False, plan.reported, known)))
+                # an `__init__.py` is always summarised: its re-exports are how imports resolve
+                jobs.append((plan.worker, (plan.absolute, plan.ref, plan.ref.package,
+                                           plan.reported, known)))
             self._collect(self._workers(len(todo)).run("summarise_file", jobs),
                           {p.absolute: p for p in todo})
         by_path = {p.absolute: p for p in plans}
@@ -251,7 +258,12 @@ class ProjectRunner:
                 yield FileResult(plan.shown, notes=[plan.done.note], ignored=plan.ignored)
                 continue
             if plan.done is not None and plan.done.error is not None:
-                yield self._error(plan)
+                error = plan.done.error
+                if plan.done.relevant or self.engine.all_syntax_errors or \
+                        any(d.code == "BN901" for d in error.diagnostics):
+                    yield self._error(plan)  # BN901 always; BN900 where a rule reads the file
+                else:  # summarised only because it names a first-party BN builder
+                    yield FileResult(plan.shown, ignored=plan.ignored, digest=plan.done.digest)
                 continue
             consulted = digest_of(self.store.digests, dependency_cone(
                 forward, backward, plan.ref.module_id)) if plan.summarised else ""

@@ -103,7 +103,8 @@ class Summarizer:
 
     def _build(self, site: BNSite) -> BNBuild:
         args = {name: ref(arg.value, site.function) for name, arg in site.args.items()}
-        return BNBuild(site.api.id, site.qualname, loc(site.span), args, site.unpacked)
+        return BNBuild(site.api.id, site.qualname, loc(site.span), args, site.unpacked,
+                       site.opt_out)
 
     # -- calls -------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2
 Loc = tuple[int, int, int, int]  # start row, start column, end row, end column (0-based cols)
 MODULE_SCOPE = "<module>"  # the pseudo-function holding a module's top-level code
 
@@ -69,6 +69,7 @@ class BNBuild:
     loc: Loc
     args: dict[str, Ref]  # by canonical BN parameter name
     unpacked: bool = False  # *args / **kwargs at the call
+    opt_out: bool = False  # the other branch of its `if` builds a synchronized BN
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _function_data(f: FunctionSummary) -> list[Any]:
     return [
         f.qualname, f.name, f.class_name, list(f.loc),
         [[p.name, p.index, p.default.to_data() if p.default else None] for p in f.params],
-        [[b.api, b.qualname, list(b.loc), _refs(b.args), b.unpacked] for b in f.bn],
+        [[b.api, b.qualname, list(b.loc), _refs(b.args), b.unpacked, b.opt_out] for b in f.bn],
         [[c.target, list(c.loc), _refs(c.args), c.star, c.bound, list(c.tags), list(c.texts),
           c.assigned] for c in f.calls],
         list(f.facts), list(f.returns),
@@ -204,7 +205,8 @@ def _function_from(item: list[Any]) -> FunctionSummary:
     return FunctionSummary(
         qualname=qualname, name=name, class_name=class_name, loc=tuple(loc),  # type: ignore[arg-type]
         params=tuple(ParamSpec(n, i, Ref.from_data(d) if d else None) for n, i, d in params),
-        bn=tuple(BNBuild(a, q, tuple(lc), _unrefs(args), u) for a, q, lc, args, u in bn),  # type: ignore[arg-type]
+        bn=tuple(BNBuild(a, q, tuple(lc), _unrefs(args), u, o)  # type: ignore[arg-type]
+                 for a, q, lc, args, u, o in bn),
         calls=tuple(CallRecord(t, tuple(lc), _unrefs(args), s, b, tuple(tags),  # type: ignore[arg-type]
                                tuple(tuple(x) for x in texts), asg)
                     for t, lc, args, s, b, tags, texts, asg in calls),

@@ -266,6 +266,7 @@ class ProjectView:
                                   tuple((p, span(lc), callee) for p, lc, callee in reach.via)),
                     bound={name: self.value(ref, function) for name, ref in reach.args.items()},
                     settable=dict(reach.settable),
+                    opt_out=reach.opt_out,
                 ))
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:

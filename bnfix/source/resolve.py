@@ -39,6 +39,7 @@ from bnfix.ir import (
     Value,
     VarsExpr,
     VarsTerm,
+    is_const,
 )
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
@@ -68,6 +69,7 @@ class Resolver:
         module = ModuleIR(path=self.path, functions=list(self.w.functions), tower_loops=towers)
         module.bn_sites = [self._bn_site(raw, spec) for raw, spec in self.w.bn_raw]
         module.bn_sites += [self._normalizer_site(*item) for item in self.w.normalizer_raw]
+        _mark_opt_outs(module.bn_sites)
         self._instance_calls(module.bn_sites)
         module.collection_gets = [self._collection_get(raw, towers) for raw in self.w.gets.values()]
         runs_update_ops = any("UPDATE_OPS" in self._keys(r.call, r.ctx.function) for r in self.w.run_raw)
@@ -387,6 +389,8 @@ class Resolver:
         call, ctx, node = item
         receiver = call.func.value  # type: ignore[attr-defined]
         kind = self._strategy_kind(receiver, ctx)
+        if kind == "large_batch_strategy":
+            return None
         if kind is None:
             name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", "")
             if not (name == "strategy" or name.endswith("_strategy")):
@@ -402,7 +406,7 @@ class Resolver:
         """"strategy" / "single_strategy" for an expression that builds one, else None."""
         if isinstance(expr, ast.Call):
             kind = self.vocab.fn_kind.get(self.w.qualname(expr.func) or "")
-            return kind if kind in ("strategy", "single_strategy") else None
+            return kind if kind in ("strategy", "single_strategy", "large_batch_strategy") else None
         if depth > 2:
             return None
         for _, value, _ in self._defs_of(expr, ctx.function, ctx.class_name):
@@ -622,17 +626,27 @@ class Resolver:
         # update ops made control dependencies of a value the train op is built from (`loss =
         # tf.identity(loss)` under them, then `opt.minimize(loss)`): they run each step
         used = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
-        adds = runs_update_ops or any(
-            frame.function is function and frame.expr is not None and used & assigned and
-            "UPDATE_OPS" in self._keys(frame.expr, frame.function)
-            for frame, assigned in self.w.control_frames)
+        target = _assigned_name(raw.stmt, call)
+        adds = runs_update_ops
+        for frame, assigned, outer in self.w.control_frames:
+            if frame.function is not function or frame.expr is None:
+                continue
+            keys = self._keys(frame.expr, function)
+            for around in outer:
+                if around.category == "control_dependencies" and around.expr is not None:
+                    keys |= self._keys(around.expr, around.function)
+            if "UPDATE_OPS" not in keys:
+                continue
+            # `loss = tf.identity(loss)` under the update ops, then minimize(loss); or the
+            # train op itself a control input next to them (`with deps([train_op]): no_op()`)
+            if used & assigned or (target is not None and self._mentions_name(frame.expr, target)):
+                adds = True
         if kind not in self.vocab.train_methods:
             update_arg = next((k.value for k in call.keywords if k.arg == "update_ops"), None)
             adds = adds or not (isinstance(update_arg, (ast.List, ast.Tuple)) and not update_arg.elts)
         groups = [p for p in raw.parents if any(g.call is p for g in self.w.group_raw)]
         if any("UPDATE_OPS" in self._keys(g, function) for g in groups):
             adds = True
-        target = _assigned_name(raw.stmt, call)
         if target is not None:
             for group in self.w.group_raw:
                 if group.ctx.function is function and self._mentions(group.call, target) and \
@@ -665,6 +679,10 @@ class Resolver:
             indent=self.text.indentation(stmt.lineno),
             block=self.w.block_of.get(id(stmt), 0),
         )
+
+    @staticmethod
+    def _mentions_name(expr: ast.expr, name: str) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(expr))
 
     @staticmethod
     def _mentions(call: ast.Call, name: str) -> bool:
@@ -816,6 +834,18 @@ class Resolver:
         span = self.text.span(arg)
         return VarsExpr(span, self.text.slice(span), tuple(self._vars_terms(arg, function)),
                         None, None, 0)
+
+
+def _mark_opt_outs(sites: list[BNSite]) -> None:
+    """`if sync_bn: SyncBatchNormalization(...) else: BatchNormalization(...)`: the plain one
+    is the user's explicit choice (a flag that turns synchronization off)."""
+    synced = [s for s in sites if s.api.synced or is_const(s.value("synchronized"), True)]
+    for site in sites:
+        if site.api.synced:
+            continue
+        site.opt_out = any(mine.node == theirs.node and mine.negated != theirs.negated
+                           for other in synced for mine in site.conditions
+                           for theirs in other.conditions)
 
 
 def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:

@@ -90,12 +90,21 @@ class SourceText:
 
     @cached_property
     def indent_unit(self) -> str:
-        """The file's indentation step: the first indented row's indentation, else 4 spaces."""
+        """The file's indentation step: how much the first block (the row after a row that
+        ends with `:`) is indented beyond its header — not a continuation line aligned with a
+        bracket — else 4 spaces."""
+        previous: tuple[str, str] | None = None  # (indentation, code) of the last code row
         for row in range(1, self.row_count + 1):
             line = self.line(row)
-            if line.strip() and line[0] in " \t":
-                indent = self.indentation(row)
-                return "\t" if indent.startswith("\t") else " " * len(indent)
+            code = line.split("#", 1)[0].rstrip()
+            if not code.strip():
+                continue
+            indent = self.indentation(row)
+            if previous is not None and previous[1].endswith(":") and \
+                    len(indent) > len(previous[0]) and indent.startswith(previous[0]):
+                step = indent[len(previous[0]):]
+                return "\t" if step.startswith("\t") else step
+            previous = (indent, code)
         return "    "
 
     @cached_property

@@ -55,6 +55,7 @@ class TorchContext:
         trains = any(s.kind == "optimizer" for s in module.model_steps) or any(
             raw.kind in ("backward", "step", "minimize", "apply_gradients", "fit")
             for raw in self.w.attr_calls) or bool(self.w.train_raw)
+        module.trains = trains
         module.script_without_training = "__main__" in self.text.text and not trains
 
     # -- helpers ---------------------------------------------------------------------------

@@ -191,8 +191,9 @@ class Walker:
         self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.ext_calls: list[RawCall] = []  # calls of first-party code imported from elsewhere
-        # `with ...control_dependencies(...)` blocks, and the names their bodies assign
-        self.control_frames: list[tuple[WithFrame, frozenset[str]]] = []
+        # `with ...control_dependencies(...)` blocks, the names their bodies assign, and the
+        # `with` frames around them
+        self.control_frames: list[tuple[WithFrame, frozenset[str], tuple[WithFrame, ...]]] = []
         # project marks: what other files' rules ask about this module (`arg_scope:<api>`,
         # `loads_weights`, `registers:<collection>`), with the node and its context
         self.marks: list[tuple[str, ast.AST, Ctx]] = []
@@ -405,7 +406,7 @@ class Walker:
             if frame.category == "control_dependencies":
                 assigned = frozenset(t.id for stmt in node.body if isinstance(stmt, ast.Assign)
                                      for t in stmt.targets if isinstance(t, ast.Name))
-                self.control_frames.append((frame, assigned))
+                self.control_frames.append((frame, assigned, ctx.withs))
         no_grad = any(frame.category == "no_grad" for frame in frames)
         self._body(node.body, replace(ctx, withs=withs, region=node if no_grad else ctx.region))
 

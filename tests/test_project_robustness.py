@@ -1,0 +1,104 @@
+"""The project pass on awkward projects: import cycles, star imports, a module imported under two
+names, files that do not parse, two files with one module name, re-exports nested too deep, and
+a large tree — no crash, no hang, findings where they belong, a note where analysis gave up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import run_bnfix, write_tree
+
+from bnfix import check_paths
+
+BN = "import tensorflow.compat.v1 as tf\n"
+
+
+def rows(root: Path, select: list[str]) -> set[tuple[str, str, int]]:
+    report = check_paths([root], select=select)
+    return {(Path(d.path).relative_to(root).as_posix(), d.code, d.span.start.row)
+            for d in report.remaining}
+
+
+def test_import_cycle_and_recursion_terminate(tmp_path: Path):
+    write_tree(tmp_path, {
+        "a.py": BN + "from b import f\n\n\ndef g(x, t=False):\n    return f(x, t)\n",
+        "b.py": BN + "from a import g\n\n\ndef f(x, t):\n"
+                "    y = tf.layers.batch_normalization(x, training=True, trainable=t)\n"
+                "    return g(y, t)\n",
+        "train.py": "from a import g\n\nnet = g(images)\n",
+    })
+    # the default False of a.g reaches b.f's BN in training mode: reported where it is
+    # written, whatever the cycle
+    assert rows(tmp_path, ["BN001"]) == {("a.py", "BN001", 5)}
+
+
+def test_star_imports_and_reexports_resolve(tmp_path: Path):
+    write_tree(tmp_path, {
+        "nets/__init__.py": "from .layers import *\n",
+        "nets/layers.py": BN + "\n\ndef conv_bn(x, is_training, trainable=True):\n"
+                          "    return tf.layers.batch_normalization(x, training=is_training, "
+                          "trainable=trainable)\n",
+        "train.py": "from nets import conv_bn\n\nnet = conv_bn(images, True, trainable=False)\n",
+    })
+    assert rows(tmp_path, ["BN001"]) == {("train.py", "BN001", 3)}
+
+
+def test_one_module_under_two_names(tmp_path: Path):
+    layers = BN + "\n\ndef bn(x, is_training, trainable=True):\n" \
+                  "    return tf.layers.batch_normalization(x, training=is_training, trainable=trainable)\n"
+    write_tree(tmp_path, {
+        "src/pkg/__init__.py": "",
+        "src/pkg/layers.py": layers,
+        "src/pkg/train.py": "from layers import bn\n\na = bn(x, True, trainable=False)\n",
+        "tools/export.py": "from pkg.layers import bn\n\nb = bn(x, True, trainable=False)\n",
+    })
+    assert rows(tmp_path, ["BN001"]) == {("src/pkg/train.py", "BN001", 3),
+                                         ("tools/export.py", "BN001", 3)}
+
+
+def test_a_file_that_does_not_parse_leaves_the_rest_analysed(tmp_path: Path):
+    write_tree(tmp_path, {
+        "models/broken.py": BN + "y = tf.layers.batch_normalization(\ndef f(:\n",
+        "models/net.py": BN + "\n\ndef net(x, t, trainable=False):\n"
+                         "    return tf.layers.batch_normalization(x, training=t, trainable=trainable)\n",
+        "train.py": "from models.broken import f\nfrom models.net import net\n\ny = net(x, True)\n",
+    })
+    assert rows(tmp_path, ["BN001", "BN900"]) == {("models/broken.py", "BN900", 3),
+                                                  ("models/net.py", "BN001", 5)}
+
+
+def test_two_scripts_with_sibling_modules_of_one_name(tmp_path: Path):
+    net = BN + "\n\ndef build(x, t, trainable={}):\n" \
+               "    return tf.layers.batch_normalization(x, training=t, trainable=trainable)\n"
+    write_tree(tmp_path, {
+        "exp1/net.py": net.format("False"),
+        "exp1/train.py": "from net import build\n\ny = build(x, True)\n",
+        "exp2/net.py": net.format("True"),
+        "exp2/train.py": "from net import build\n\ny = build(x, True)\n",
+    })
+    assert rows(tmp_path, ["BN001"]) == {("exp1/net.py", "BN001", 5)}
+
+
+def test_reexports_nested_too_deep_give_a_note(tmp_path: Path):
+    files = {f"p{i}.py": f"from p{i + 1} import thing\n" for i in range(12)}
+    files["p12.py"] = BN + "\n\ndef thing(x, trainable=False):\n" \
+                           "    return tf.layers.batch_normalization(x, training=True, trainable=trainable)\n"
+    files["main.py"] = "from p0 import thing\n\ny = thing(x)\n"
+    write_tree(tmp_path, files)
+    run = run_bnfix("check", "--no-cache", "--select", "BN001", ".", cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "project analysis gave up" in run.stderr and "re-exports nested deeper" in run.stderr
+
+
+def test_a_large_tree_finishes(tmp_path: Path):
+    files = {f"pkg{i // 100}/mod{i}.py": f"VALUE_{i} = {i}\n\n\ndef f{i}(x):\n    return x + {i}\n"
+             for i in range(5000)}
+    files["pkg0/__init__.py"] = ""
+    files["pkg0/net.py"] = BN + "\n\ndef net(x, t, trainable=False):\n" \
+                                "    return tf.layers.batch_normalization(x, training=t, trainable=trainable)\n"
+    files["train.py"] = "from pkg0.net import net\n\ny = net(x, True)\n"
+    write_tree(tmp_path, files)
+    run = run_bnfix("check", "--no-cache", "--output-format", "concise", ".", cwd=tmp_path,
+                    timeout=600)
+    assert run.returncode == 1, run.stderr
+    assert run.stdout.splitlines()[0].startswith("pkg0/net.py:5:")
