@@ -93,12 +93,13 @@ class ModuleMap:
     def first_party_tops(self) -> frozenset[str]:
         """Top-level names a first-party import can start with: canonical packages and
         modules, and every folder/file name (scripts import siblings by bare name)."""
-        tops = {name.split(".", 1)[0] for name in self.by_name}
+        tops = {record.import_name.split(".", 1)[0] for record in self.by_path.values()}
         for absolute in self._files:
             base = os.path.basename(absolute)
             if base != INIT:
                 tops.add(base[:-3])
-        tops.update(os.path.basename(d) for d in self._dirs)
+        root = self.project_root + os.sep
+        tops.update(os.path.basename(d) for d in self._dirs if d.startswith(root))
         return frozenset(t for t in tops if t.isidentifier())
 
     def resolve(self, dotted: str, importer: str | None) -> tuple[ModuleFile, str] | None:

@@ -631,11 +631,11 @@ class Resolver:
         for frame, assigned, outer in self.w.control_frames:
             if frame.function is not function or frame.expr is None:
                 continue
-            keys = self._keys(frame.expr, function)
+            wired = self._keys(frame.expr, function)
             for around in outer:
                 if around.category == "control_dependencies" and around.expr is not None:
-                    keys |= self._keys(around.expr, around.function)
-            if "UPDATE_OPS" not in keys:
+                    wired |= self._keys(around.expr, around.function)
+            if "UPDATE_OPS" not in wired:
                 continue
             # `loss = tf.identity(loss)` under the update ops, then minimize(loss); or the
             # train op itself a control input next to them (`with deps([train_op]): no_op()`)
