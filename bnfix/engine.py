@@ -203,6 +203,7 @@ class Engine:
                                                       context)
         module.targets = self.targets
         module.target_explicit = self.target_explicit
+        module.in_package = context is not None and (context.package or "." in context.import_name)
         return Lifted(source, module, resolver, hashlib.sha256(text.encode()).hexdigest())
 
     def diagnose(self, text: str, path: str, ignored: frozenset[str] = frozenset(),
@@ -218,14 +219,11 @@ class Engine:
             except SourceError as exc:
                 return self._error(path, exc, ignored)
         module = lifted.module
-        if project is not None:
-            project.attach(lifted, self.catalogue_ids)
-            if module.reached_sites or any(
-                    site.where for f in module.functions for site in f.call_sites):
-                extra = self.project_codes - ignored
-                if is_test_module(path):
-                    extra -= self.not_in_tests
-                codes |= extra
+        if project is not None and project.attach(lifted, self.catalogue_ids):
+            extra = self.project_codes - ignored  # what other files say can make them fire here
+            if is_test_module(path):
+                extra -= self.not_in_tests
+            codes |= extra
         if not codes:
             return []
         findings: list[Finding] = []

@@ -812,6 +812,15 @@ class ModuleIR:
     project_marks: list[Mark] = field(default_factory=list)  # every file's (empty: no project)
     reached_facts: dict[str, list[Origin]] = field(default_factory=dict)  # facts of code it calls
     project_apis: dict[str, ApiRef] = field(default_factory=dict)  # BN APIs the project builds
+    imported: bool = True  # some other module of the project uses it (False: nothing does)
+    script: bool = False  # has a `__main__` guard or module-level statements that run things
+    in_package: bool = False  # its folder is a package (`__init__.py`): it is importable API
+
+    @property
+    def dead(self) -> bool:
+        """Nothing runs this module: no other module of the project imports it, it is no
+        script, and it is not part of an importable package (a stray copy of a file)."""
+        return not self.imported and not self.script and not self.in_package
 
     def tensorflow_target(self) -> tuple[int, ...]:
         """The TensorFlow this code must run on: the configured or pinned version; else TF1

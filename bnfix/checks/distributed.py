@@ -106,8 +106,10 @@ def _towers(module: ModuleIR) -> Iterator[Finding]:
             "not batch statistics, so BN sees 1/N of the batch; synchronize the statistics across "
             "the towers"
         )
-        related = tuple(Related(s.origin.path, s.origin.span, "a BatchNorm the towers build")
-                        for s in sites[:2] if s.origin is not None)
+        origins = list(dict.fromkeys((s.origin.path, s.origin.span) for s in sites
+                                     if s.origin is not None))
+        related = tuple(Related(path, span, "a BatchNorm the towers build")
+                        for path, span in origins[:2])
         yield Finding("BN006", tower.header or tower.span, message,
                       _tower_fix(module, tower, sites), related)
 

@@ -456,9 +456,9 @@ def _registers(module: ModuleIR, key: str, user: FunctionInfo | None) -> list[st
     """Where BN moving statistics of the BN used by `user`'s graph join collection `key`: a BN
     whose API registers there (contrib/slim: MODEL_VARIABLES), one whose
     `variables_collections` names it, or first-party code that adds variables to it (a
-    custom BN) — built in the code `user` (or its callers) runs. When the module reaches no
-    BN at all (the model is built by code the analysis cannot follow), the BN the whole project
-    builds answers — if all of it answers alike."""
+    custom BN) — built in the code `user` (or its callers) runs. When the model is built by
+    code the analysis cannot follow (a registry of networks), nothing is assumed: guessing
+    from the BN the rest of the project builds proved wrong as often as right on real code."""
     around = _ancestors(user)
     sites = [s for s in module.all_bn_sites() if _runs_under(s.function, around)]
     places = [f"`{s.call.callee}` at line {s.span.start.row}" for s in sites
@@ -468,15 +468,25 @@ def _registers(module: ModuleIR, key: str, user: FunctionInfo | None) -> list[st
         m.function is None or _runs_under(by_name.get(m.function), around))]
     places += [f"{shown_path(o.path)}:{o.span.start.row}"
                for o in module.reached_facts.get(f"registers:{key}", [])]
-    if places or module.all_bn_sites() or not module.project_apis and not module.project_marks:
-        return places
-    apis = module.project_apis
-    custom = [m.where() for m in module.project_marks if m.kind == f"registers:{key}"]
-    if apis and all(key in api.registers for api in apis.values()):
-        return [f"the project builds its BN with {', '.join(sorted(apis))}"]
-    if custom and not apis:
-        return custom
-    return []
+    places += [_call_place(s) for s in _graph_callers(user) if f"registers:{key}" in s.facts]
+    return places
+
+
+def _graph_callers(function: FunctionInfo | None) -> list[CallSite]:
+    """Calls of `function` (or of its callers) from other files: the graph a helper works on
+    is built by them."""
+    if function is None:
+        return []
+    out, frontier = [], [function]
+    for _ in range(3):
+        following = []
+        for f in frontier:
+            for site in f.call_sites if f is not None else ():
+                if site.where:
+                    out.append(site)
+                following.append(site.caller)
+        frontier = following
+    return out
 
 
 def _runs_under(function: FunctionInfo | None, around: set[int]) -> bool:
@@ -490,8 +500,8 @@ def _runs_under(function: FunctionInfo | None, around: set[int]) -> bool:
 
 def _bn_in_use(module: ModuleIR, user: FunctionInfo | None) -> bool:
     around = _ancestors(user)
-    return any(_runs_under(s.function, around) for s in module.all_bn_sites()) or (
-        not module.all_bn_sites() and bool(module.project_apis))
+    return any(_runs_under(s.function, around) for s in module.all_bn_sites()) or \
+        any("builds_bn" in s.facts for s in _graph_callers(user))
 
 
 @check("BN004")

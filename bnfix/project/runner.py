@@ -75,6 +75,8 @@ class ProjectRunner:
         self.max_bytes = max_bytes
         self.notes: list[str] = []
         self.store = SummaryStore()
+        self._registers = {spec.id: spec.registers for spec in engine.catalogue_ids.values()
+                           if spec.registers}
         self._pool: InProcess | Processes | None = None
         self._modules: ModuleMap | None = None
 
@@ -279,7 +281,10 @@ class ProjectRunner:
                                                    digest=digest), consulted)
                 continue
             waiting[plan.absolute] = (plan, consulted)
-            known = file_context(index, plan.ref.module_id) if plan.summarised else None
+            known = file_context(index, plan.ref.module_id, self._registers) \
+                if plan.summarised else None
+            if known is not None:
+                known.imported = plan.ref.module_id in backward
             jobs.append((plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
                                        known, plan.ignored, self.fix, self.unsafe)))
         if not jobs:

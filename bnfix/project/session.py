@@ -45,13 +45,16 @@ class FileProject:
     context: ModuleContext
     known: FileContext | None = None
 
-    def attach(self, lifted: Lifted, catalogue_ids: dict) -> None:  # type: ignore[type-arg]
-        if self.known is None or self.known.empty or \
-                getattr(lifted.module, "_project_attached", False):
-            return
-        view = ProjectView(self.known, self.module_id, catalogue_ids)
-        view.attach(lifted.resolver, lifted.module)
-        lifted.module._project_attached = True  # type: ignore[attr-defined]
+    def attach(self, lifted: Lifted, catalogue_ids: dict) -> bool:  # type: ignore[type-arg]
+        """Attach what the project knows to the lifted module (once); whether there was
+        anything to attach."""
+        if self.known is None or self.known.empty:
+            return False
+        if not getattr(lifted.module, "_project_attached", False):
+            view = ProjectView(self.known, self.module_id, catalogue_ids)
+            view.attach(lifted.resolver, lifted.module)
+            lifted.module._project_attached = True  # type: ignore[attr-defined]
+        return True
 
 
 @dataclass

@@ -112,11 +112,13 @@ class FileContext:
     facts: dict[str, list[tuple[str, Loc]]] = field(default_factory=dict)  # of code it calls
     apis: frozenset[str] = frozenset()  # BN APIs the project builds
     instances: dict[Loc, ClassInfo] = field(default_factory=dict)  # calls that build a class
+    imported: bool = True  # some other module of the project imports or calls into it
     steps: dict[Loc, list[HelperStep]] = field(default_factory=dict)  # calls of set-up helpers
 
     @property
     def empty(self) -> bool:
-        return not self.reaches and not self.calls and not self.marks and not self.facts
+        return not (self.reaches or self.calls or self.marks or self.facts or self.steps or
+                    self.instances) and self.imported
 
 
 def span(loc: Loc) -> Span:
@@ -126,7 +128,9 @@ def span(loc: Loc) -> Span:
 # -- where the index is ----------------------------------------------------------------------
 
 
-def file_context(index: ProjectIndex, module_id: str) -> FileContext:
+def file_context(index: ProjectIndex, module_id: str,
+                 registers: dict[str, tuple[str, ...]] | None = None) -> FileContext:
+    """`registers`: for each BN API id, the collections its statistics join (catalogue)."""
     summary = index.summaries.get(module_id)
     if summary is None:
         return FileContext("")
@@ -151,15 +155,30 @@ def file_context(index: ProjectIndex, module_id: str) -> FileContext:
                 context.steps[call.loc] = steps
     context.facts = {k: v for k, v in context.facts.items() if v}
     for function in summary.functions.values():
-        _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, local=module_id)
+        _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, module_id,
+                 registers or {})
     context.marks = [m for m in index.project_marks() if m[1] != summary.path]
     context.apis = index.project_apis()
     context.notes = list(dict.fromkeys(index.gave_up))
     return context
 
 
+def _graph_facts(index: ProjectIndex, module: str, function: str,
+                 registers: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """What the code a caller runs puts in collections (`registers:KEY`): a custom BN that adds
+    its statistics, or a BN API whose statistics join the collection (the graph a helper such as
+    an EMA works on is its caller's)."""
+    facts = {f for f in index.facts_reached(module, function) if f.startswith("registers:")}
+    for reach in index.reach(module, function):
+        facts.add("builds_bn")
+        facts.update(f"registers:{key}" for key in registers.get(reach.api, ()))
+    return tuple(sorted(facts))
+
+
 def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord) -> list[HelperStep]:
-    out = []
+    """One step per kind: what the helper does to the argument it is passed, else to what it
+    returns (a helper that converts its parameter and returns it does one conversion)."""
+    out: list[HelperStep] = []
     for target in index.targets(module_id, call.target):
         function = index.function(*target.key)
         if function is None:
@@ -173,8 +192,13 @@ def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord) -> list
             text = function.passed(call, rest, target.bound) if head.endswith("_param") else None
             if head.endswith("_param") and text is None:
                 continue
-            out.append(HelperStep(kind.removesuffix("_replicas"), kind.endswith("_replicas"),
-                                  text, path, function.loc, function.qualname))
+            step = HelperStep(kind.removesuffix("_replicas"), kind.endswith("_replicas"),
+                              text, path, function.loc, function.qualname)
+            twin = next((s for s in out if s.kind == step.kind and s.helper == step.helper), None)
+            if twin is None:
+                out.append(step)
+            elif twin.target is None and step.target is not None:
+                out[out.index(twin)] = step
     return out
 
 
@@ -203,7 +227,7 @@ def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> Clas
 
 
 def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
-             local: str) -> None:
+             local: str, registers: dict[str, tuple[str, ...]]) -> None:
     if callee in context.calls or depth < 0:
         return
     found = []
@@ -214,14 +238,15 @@ def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
         bound = next((t.bound for t in index.targets(caller.module, caller.call.target)
                       if t.key == callee), caller.call.bound)
         key = None if caller.function == MODULE_SCOPE else (caller.module, caller.function)
-        found.append(ForeignCall(summary.path, key, caller.call, bound, summary.facts))
+        facts = summary.facts + _graph_facts(index, caller.module, caller.function, registers)
+        found.append(ForeignCall(summary.path, key, caller.call, bound, facts))
         if key is not None and key not in context.functions:
             function = summary.functions[caller.function]
             context.functions[key] = ForeignFunction(summary.path, function.qualname,
                                                      function.name, function.class_name,
                                                      function.loc, function.params)
             if caller.module != local:
-                _callers(index, key, context, depth - 1, local)
+                _callers(index, key, context, depth - 1, local, registers)
     if found:
         context.calls[callee] = found
 
@@ -278,6 +303,7 @@ class ProjectView:
         module.reached_facts = {fact: [Origin(path, span(lc)) for path, lc in places]
                                 for fact, places in self.context.facts.items()}
         module.project_apis = {a: self.by_id[a].ref for a in self.context.apis if a in self.by_id}
+        module.imported = self.context.imported
         self._attach_freezes(resolver, module, summarizer)
         self._attach_steps(resolver, module, summarizer)
 

@@ -56,6 +56,9 @@ class TorchContext:
             raw.kind in ("backward", "step", "minimize", "apply_gradients", "fit")
             for raw in self.w.attr_calls) or bool(self.w.train_raw)
         module.trains = trains
+        module.script = "__main__" in self.text.text or any(
+            isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            for stmt in self.w.tree.body)
         module.script_without_training = "__main__" in self.text.text and not trains
 
     # -- helpers ---------------------------------------------------------------------------
