@@ -65,7 +65,7 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
     for (_, target), calls in _evaluation_calls(module).items():
         first = min(calls, key=lambda c: c.span.start)
         function = first.function
-        elsewhere = _trained_elsewhere(function, target)
+        elsewhere = _trained_by_callers(module, function, target)
         if target not in trained and not elsewhere:
             continue
         if any(e.target == target and e.function is function and e.span.start < first.span.start
@@ -84,6 +84,8 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
             trains = "elsewhere in this module"
         else:
             trains = f"by its caller {_site_place(elsewhere[0])}"
+            if not elsewhere[0].where:
+                trains += f" (`{getattr(elsewhere[0].args.get(target), 'text', target)}`)"
         message = (
             f"{where} runs `{target}` for evaluation without `{target}.eval()`, and `{target}` is "
             f"put in train mode {trains}: its BatchNorm layers normalize with the "
@@ -91,21 +93,29 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
         )
         related = tuple(Related(s.where, s.span, f"passes a model it trains ({s.call.callee}"
                                                  "(...)) without putting it in eval mode first")
-                        for s in elsewhere[:2])
+                        for s in elsewhere[:2] if s.where)
         yield Finding("BN101", first.span, message, _bn101_fix(module, first, target), related)
 
 
-def _trained_elsewhere(function: FunctionInfo | None, param: str) -> list[CallSite]:
-    """Calls from other files that pass, as `param`, a model their module puts in train mode,
-    without putting it in eval mode first."""
+def _trained_by_callers(module: ModuleIR, function: FunctionInfo | None,
+                        param: str) -> list[CallSite]:
+    """Calls that pass, as `param`, a model their module puts in train mode without putting
+    it in eval mode first: calls in other files (their facts say), and calls here."""
     if function is None or param not in function.params:
         return []
+    trained = {m.target for m in module.mode_calls if m.kind == "train"}
     out = []
     for site in function.call_sites:
         value = site.args.get(param)
         text = getattr(value, "text", None) or getattr(value, "name", None)
-        if site.where and text and f"train:{text}" in site.facts and \
-                f"prepared:{text}" not in site.tags:
+        if not text:
+            continue
+        if site.where:
+            if f"train:{text}" in site.facts and f"prepared:{text}" not in site.tags:
+                out.append(site)
+        elif text in trained and not any(
+                m.kind == "eval" and m.target == text and m.function is site.caller
+                and m.span.start < site.span.start for m in module.mode_calls):
             out.append(site)
     return out
 

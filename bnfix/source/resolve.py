@@ -234,6 +234,7 @@ class Resolver:
         needed = {id(raw.ctx.function) for raw, _ in self.w.bn_raw if raw.ctx.function}
         needed |= {id(raw.ctx.function) for raw, _, _ in self.w.normalizer_raw if raw.ctx.function}
         needed |= {id(raw.ctx.function) for raw in self.w.gets.values() if raw.ctx.function}
+        needed |= {id(raw.ctx.function) for raw in self.w.model_calls if raw.ctx.function}
         self.resolve_call_sites(needed)
 
     def resolve_call_sites(self, functions: set[int]) -> None:
