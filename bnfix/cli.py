@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
                                                   "(runs your code)"))
+    from bnfix.doctor.command import add_arguments as doctor_arguments
+
+    doctor_arguments(sub.add_parser(
+        "doctor", help="run a training command with BN monitors and diagnose BN (runs your code)",
+        epilog="Exit codes: 0 no finding, 1 findings, 2 usage error or the command failed."))
     return parser
 
 
@@ -190,8 +195,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from bnfix.doctor.command import run
+
+    return run(args)
+
+
 COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules,
-            "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate}
+            "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate,
+            "doctor": _cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Commands whose front-ends need the optional frameworks, and the extra that brings each module.
-EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate"})
+EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate", "doctor"})
 EXTRAS = {"torch": "torch", "numpy": "torch", "tensorflow": "tf", "keras": "tf", "h5py": "tf",
           "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plot"}
 

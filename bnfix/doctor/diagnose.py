@@ -220,8 +220,8 @@ def train_eval_mismatch(rec: Recording, layer: LayerTrace) -> Finding | None:
 @layer_diagnosis("BN303")
 def running_stats_unconverged(rec: Recording, layer: LayerTrace) -> Finding | None:
     m = layer.momentum
-    if m is None or not 0 < m < 1 or layer.updates == 0:
-        return None
+    if m is None or not 0 < m < 1 or layer.updates == 0 or rec.stopped:
+        return None  # a run stopped by --steps says nothing about the full run's length
     remaining = (1 - m) ** layer.updates
     gaps = end_gaps(layer)
     if remaining <= UNCONVERGED_WEIGHT or gaps is None:
@@ -235,10 +235,9 @@ def running_stats_unconverged(rec: Recording, layer: LayerTrace) -> Finding | No
                   else f"momentum={_g(m)}")
     better = (f"momentum={_g(1 - wanted)} or lower" if rec.framework in ("keras", "tf1")
               else f"momentum={_g(wanted)} or higher")
-    stopped = " (the run was stopped by --steps: judge it on the full run)" if rec.stopped else ""
     message = (f"{convention} over {layer.updates} updates leaves {remaining:.0%} of the "
                f"initial running statistics (mean 0, variance 1) in them; they would need "
-               f"{needed} updates to fall below {UNCONVERGED_WEIGHT:.0%}{stopped}; at the end "
+               f"{needed} updates to fall below {UNCONVERGED_WEIGHT:.0%}; at the end "
                f"they are {_g(shift)} std from the batch means, variances a factor "
                f"{_g(math.exp(scale))} apart")
     fix = (f"for a run of {layer.updates} steps use {better}, or recompute the statistics "
