@@ -202,14 +202,24 @@ def train_eval_mismatch(rec: Recording, layer: LayerTrace) -> Finding | None:
         return None
     probe = f"; on the probe batch its eval-mode output differs from its train-mode output by " \
             f"{layer.probes[-1][1]:.0%}" if layer.probes else ""
+    if layer.updates == 0 and rec.steps:
+        probe += (f"; the running statistics were never updated in {rec.steps} training steps"
+                  + (" (the train op does not run UPDATE_OPS)" if rec.framework == "tf1" else ""))
     message = (f"at the end of the run the running statistics are far from the batch "
                f"statistics of the last {layer.final.window} sampled steps: means "  # type: ignore[union-attr]
                f"{_g(shift)} std apart (RMS over channels), variances a factor "
                f"{_g(math.exp(scale))} apart{probe}; eval mode will normalize differently from "
                f"training")
-    fix = ("recompute the running statistics on training data before evaluating (train-mode "
-           "forwards without gradients and momentum=None, then eval()); check the momentum and "
-           "that training data and the statistics' data match")
+    if layer.updates == 0:
+        fix = {"tf1": "run the train op under tf.control_dependencies(tf.compat.v1.get_collection("
+                      "UPDATE_OPS)) (BN003)",
+               "keras": "train the layer in training mode (not trainable=False / training=False)",
+               "torch": "train the layer in train mode (model.train()) with momentum > 0"
+               }.get(rec.framework, "update the running statistics during training")
+    else:
+        fix = ("recompute the running statistics on training data before evaluating "
+               "(train-mode forwards without gradients, cumulative average, then eval mode); "
+               "check the momentum and that training data and the statistics' data match")
     numbers = {"shift": shift, "scale": math.exp(scale)}
     if layer.probes:
         numbers["probe_gap"] = layer.probes[-1][1]

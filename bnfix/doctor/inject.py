@@ -159,4 +159,4 @@ def _tf1(session: Session) -> None:
             session.save(final=True)
             raise SystemExit(0)
 
-    watch_sessions(session.every, session.add, stepped)
+    watch_sessions(session.every, session.add, stepped, session.log.guard)

@@ -110,8 +110,9 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        hook = self.hooks.pop(name, None)
-        if hook is None:
+        # the hook is consumed when the module runs, not here: `importlib.util.find_spec`
+        # (TensorFlow asks it about keras) looks a module up without importing it
+        if name not in self.hooks:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -119,9 +120,14 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _HookedLoader(spec.loader, hook)
+                    spec.loader = _HookedLoader(spec.loader, lambda m: self._imported(name, m))
                 return spec
         return None
+
+    def _imported(self, name: str, module: ModuleType) -> None:
+        hook = self.hooks.pop(name, None)
+        if hook is not None:
+            hook(module)
 
 
 LOG: ProbeLog | None = None
