@@ -71,13 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     rules = sub.add_parser("rules", help="list the rules")
     rules.add_argument("--output-format", default="text", choices=("text", "json", "markdown"))
     convert = sub.add_parser(
-        "convert", help="rewrite a model file's BN layers (Keras: sync|plain; ONNX: inference|folded)",
+        "convert", help="rewrite a model file's BN layers (Keras: sync|plain|groupnorm; ONNX: "
+                        "inference|folded)",
         epilog="Exit codes: 0 written, 1 the rewrite failed its check (nothing written), 2 usage.")
     convert.add_argument("model", help="MODEL.keras or MODEL.onnx")
     convert.add_argument("--to", required=True,
-                         choices=("sync", "plain", "inference", "folded"),
-                         help="sync|plain for .keras, inference|folded for .onnx")
+                         choices=("sync", "plain", "groupnorm", "inference", "folded"),
+                         help="sync|plain|groupnorm for .keras, inference|folded for .onnx")
     convert.add_argument("-o", "--output", required=True, help="where to write the result")
+    convert.add_argument("--groups", type=int, default=32,
+                         help="--to groupnorm: groups per layer (default 32; a divisor of the "
+                              "channels is used where 32 does not divide them)")
     inspect = sub.add_parser(
         "inspect", help="find BN bugs' fingerprints in checkpoints, graphs and exported models",
         epilog=EPILOG)
@@ -178,7 +182,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from bnfix.convert import convert_file
 
-    return convert_file(args.model, args.to, args.output)
+    return convert_file(args.model, args.to, args.output, args.groups)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

@@ -113,9 +113,9 @@ def _torch(torch: ModuleType, session: Session) -> None:
         if not any(isinstance(m, _BatchNorm) for m in model.modules()):
             return
         covered.update(module.modules())
-        monitor = TorchMonitor(model, session.every).attach()
-        session.add(monitor)
-        monitor._root_pre(model, args)  # this call's own hook was not registered yet
+        # attached from inside this call's global pre-hook: torch runs the model's own
+        # pre-hooks after the global ones, so this first call is already seen by the monitor
+        session.add(TorchMonitor(model, session.every).attach())
 
     hooks = torch.nn.modules.module
     hooks.register_module_forward_pre_hook(
