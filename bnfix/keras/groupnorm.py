@@ -5,8 +5,8 @@ recommends when the batch cannot grow and BN cannot be synced.
 A recipe change, not a weight-preserving conversion: GroupNorm normalizes each sample over
 groups of channels, has no moving statistics, and the model must be trained again; γ/β are
 copied as a starting point, every other layer's weights too. Functional and Sequential models
-(nested ones included) are cloned with `clone_model`; subclassed models cannot be rebuilt from
-their config and are refused. The group count per layer is `groups` when it divides the
+(nested ones included) are rebuilt from their serialized config with each BatchNormalization
+entry rewritten; subclassed models cannot be rebuilt from a config and are refused. The group count per layer is `groups` when it divides the
 channels, else the largest divisor below it; a layer with no divisor between 2 and `groups`, or
 a BN over several axes, is refused with the reason (the conversion then changes nothing).
 """
@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -66,7 +67,7 @@ def to_group_norm(model: keras.Model, groups: int = 32) -> tuple[keras.Model, Gr
     Raises ConversionRefused when the model cannot be cloned or a layer is refused."""
     if type(model) not in (Functional, keras.Sequential):
         raise ConversionRefused(
-            f"{type(model).__name__} is a subclassed model: clone_model cannot rebuild it; "
+            f"{type(model).__name__} is a subclassed model: it cannot be rebuilt from its config; "
             "replace BatchNormalization by GroupNormalization in its code")
     report = GroupNormReport()
     bns = {path: layer for path, layer in layer_paths(model).items()
@@ -75,35 +76,56 @@ def to_group_norm(model: keras.Model, groups: int = 32) -> tuple[keras.Model, Gr
         reason = _refusal(layer, groups)
         if reason is not None:
             report.refused.append((path, reason))
+    names = [layer.name for layer in bns.values()]
+    if len(set(names)) < len(names):
+        report.refused.append((", ".join(sorted({n for n in names if names.count(n) > 1})),
+                               "two BatchNormalization layers share a name (in nested models)"))
     if report.refused:
         raise ConversionRefused("; ".join(f"{p}: {r}" for p, r in report.refused))
-    pairs: list[tuple[keras.Layer, keras.Layer]] = []
-
-    def clone_layer(layer: keras.Layer) -> keras.Layer:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            channels = int(layer.moving_mean.shape[0])
-            clone = keras.layers.GroupNormalization(
-                groups=group_count(channels, groups), axis=_axis(layer), epsilon=layer.epsilon,
-                center=layer.center, scale=layer.scale, name=layer.name)
-        else:
-            clone = type(layer).from_config(layer.get_config())
-        pairs.append((layer, clone))
-        return clone
-
-    result = keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
-    for layer, clone in pairs:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            weights = ([layer.gamma.numpy()] if layer.scale else []) + \
-                ([layer.beta.numpy()] if layer.center else [])
-            clone.set_weights(weights)
-        elif layer.weights:
-            clone.set_weights(layer.get_weights())
+    channels = {layer.name: int(layer.moving_mean.shape[0]) for layer in bns.values()}
+    config = _rewrite(keras.saving.serialize_keras_object(model), channels, groups)
+    result = keras.saving.deserialize_keras_object(config)
     paths = layer_paths(result)
-    for path, layer in bns.items():
-        converted = paths.get(path)
-        if isinstance(converted, keras.layers.GroupNormalization):
-            report.converted.append((path, int(layer.moving_mean.shape[0]), converted.groups))
+    for path, layer in layer_paths(model).items():
+        clone = paths.get(path)
+        if isinstance(layer, keras.layers.BatchNormalization):
+            if isinstance(clone, keras.layers.GroupNormalization):
+                clone.set_weights(([layer.gamma.numpy()] if layer.scale else [])
+                                  + ([layer.beta.numpy()] if layer.center else []))
+                report.converted.append((path, channels[layer.name], clone.groups))
+        elif clone is not None and layer.weights and not layer._flatten_layers(
+                include_self=False, recursive=False):
+            clone.set_weights(layer.get_weights())
     return result, report
+
+
+def _rewrite(config: Any, channels: dict[str, int], groups: int) -> Any:
+    """The model's serialized config with each BatchNormalization as a GroupNormalization
+    (same name, axis, epsilon, center/scale and their initializers; its call's `mask` argument
+    dropped: GroupNormalization takes none)."""
+    if isinstance(config, list):
+        return [_rewrite(item, channels, groups) for item in config]
+    if not isinstance(config, dict):
+        return config
+    if config.get("class_name") == "BatchNormalization" and isinstance(config.get("config"),
+                                                                        dict):
+        bn = config["config"]
+        gn = {key: bn[key] for key in ("name", "trainable", "dtype", "epsilon", "center", "scale",
+                                       "beta_initializer", "gamma_initializer",
+                                       "beta_regularizer", "gamma_regularizer",
+                                       "beta_constraint", "gamma_constraint") if key in bn}
+        axis = bn.get("axis", -1)
+        gn["axis"] = axis[0] if isinstance(axis, list) else axis
+        gn["groups"] = group_count(channels[bn["name"]], groups)
+        out = {**config, "module": "keras.layers", "class_name": "GroupNormalization",
+               "registered_name": None, "config": gn}
+        if "inbound_nodes" in config:
+            out["inbound_nodes"] = [
+                {**node, "kwargs": {k: v for k, v in node.get("kwargs", {}).items()
+                                    if k != "mask"}} if isinstance(node, dict) else node
+                for node in config["inbound_nodes"]]
+        return out
+    return {key: _rewrite(value, channels, groups) for key, value in config.items()}
 
 
 def convert_keras_file(path: str, output: str, groups: int = 32) -> str:
