@@ -52,7 +52,7 @@ RANK_AFFINE = 1e-3
 
 # a finding of a code on the right explains (and hides) one on the left on the same layer
 EXPLAINED_BY = {
-    "BN302": {"BN301", "BN303", "BN304", "BN305", "BN309"},
+    "BN302": {"BN301", "BN303", "BN304", "BN305", "BN308", "BN309"},
     "BN303": {"BN305"},
     "BN306": {"BN308"},
     "BN307": {"BN308"},
@@ -195,8 +195,8 @@ def batch_too_small(rec: Recording, layer: LayerTrace) -> Finding | None:
 @layer_diagnosis("BN302")
 def train_eval_mismatch(rec: Recording, layer: LayerTrace) -> Finding | None:
     gaps = end_gaps(layer)
-    if gaps is None:
-        return None
+    if gaps is None or (rec.stopped and _still_converging(layer)):
+        return None  # stopped by --steps before the running average could converge
     shift, scale = gaps
     if shift <= MISMATCH_SHIFT and scale <= MISMATCH_SCALE:
         return None
@@ -225,6 +225,11 @@ def train_eval_mismatch(rec: Recording, layer: LayerTrace) -> Finding | None:
         numbers["probe_gap"] = layer.probes[-1][1]
     return _finding(rec, layer, "BN302", message, fix, _span(layer.samples[-1:]), numbers,
                     max(shift / MISMATCH_SHIFT, scale / MISMATCH_SCALE))
+
+
+def _still_converging(layer: LayerTrace) -> bool:
+    m = layer.momentum
+    return m is not None and 0 < m < 1 and (1 - m) ** layer.updates > UNCONVERGED_WEIGHT
 
 
 @layer_diagnosis("BN303")

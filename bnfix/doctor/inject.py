@@ -113,9 +113,10 @@ def _torch(torch: ModuleType, session: Session) -> None:
         if not any(isinstance(m, _BatchNorm) for m in model.modules()):
             return
         covered.update(module.modules())
-        # attached from inside this call's global pre-hook: torch runs the model's own
-        # pre-hooks after the global ones, so this first call is already seen by the monitor
-        session.add(TorchMonitor(model, session.every).attach())
+        monitor = TorchMonitor(model, session.every).attach()
+        session.add(monitor)
+        if model is module:  # its own pre-hooks were collected before this global one ran
+            monitor._root_pre(model, args)
 
     hooks = torch.nn.modules.module
     hooks.register_module_forward_pre_hook(
