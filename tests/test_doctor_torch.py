@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, REPO, run_bnfix
 
 pytest.importorskip("torch")
@@ -64,7 +63,7 @@ def test_the_healthy_training_gives_none_and_writes_both_reports(tmp_path):
 
 
 def test_findings_are_ruff_shaped_records(tmp_path):
-    run, document = _doctor(tmp_path, str(TRAIN), "--bug", "gamma-lr")
+    _, document = _doctor(tmp_path, str(TRAIN), "--bug", "gamma-lr")
     (record,) = document["findings"]
     assert set(record) >= {"code", "name", "filename", "location", "end_location", "message",
                            "noqa_row", "url", "fix"}

@@ -7,7 +7,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from conftest import run_bnfix
 
 from bnfix.doctor.remedies import group_count

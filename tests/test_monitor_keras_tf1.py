@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, has_tf1_layers, run_bnfix
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf,

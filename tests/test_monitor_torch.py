@@ -7,15 +7,14 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from conftest import FIXTURES
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(FIXTURES / "doctor"))
-from torch_train import make_data, make_model  # noqa: E402
+from torch_train import make_data, make_model
 
-from bnfix.doctor.record import Recording  # noqa: E402
-from bnfix.torch import monitor  # noqa: E402
+from bnfix.doctor.record import Recording
+from bnfix.torch import monitor
 
 
 @pytest.fixture(autouse=True, scope="module")

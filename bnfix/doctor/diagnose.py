@@ -485,7 +485,6 @@ def ranks_disagree(group: Sequence[Recording]) -> Iterable[Finding]:
         if gap.shift <= RANK_SHIFT and gap.scale <= RANK_SCALE and gap.affine <= RANK_AFFINE:
             continue
         rec = by_rank[gap.ranks[1]] if gap.ranks[1] in by_rank else group[0]
-        layer = rec.layers[gap.layer]
         parts = []
         if gap.shift > RANK_SHIFT or gap.scale > RANK_SCALE:
             parts.append(f"running statistics {_g(gap.shift)} std apart, variances a factor "

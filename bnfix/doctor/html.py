@@ -30,8 +30,8 @@ img.plot{width:100%;max-width:1100px}
 
 def render_html(report: DoctorReport) -> str:
     title = "bnfix doctor: " + " ".join(report.command)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
-             f"<style>{CSS}</style></head><body>",
+    parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+              f"<style>{CSS}</style></head><body>"),
              f"<h1>bnfix doctor</h1><p><code>{_e(' '.join(report.command))}</code></p>",
              f"<p>{_e(_summary(report))}</p>"]
     parts.append(_findings_table(report.findings))
@@ -84,10 +84,10 @@ def _ranks_table(report: DoctorReport) -> str:
     gaps = report.rank_gaps()
     if not gaps:
         return ""
-    rows = ["<h2>Ranks compared</h2><p>Each layer's end state against the first rank's "
-            "(running means in std units, variance ratio, γ/β relative difference).</p><table>"
-            "<tr><th>layer</th><th>ranks</th><th>mean shift</th><th>variance ratio</th>"
-            "<th>γ/β</th></tr>"]
+    rows = [("<h2>Ranks compared</h2><p>Each layer's end state against the first rank's "
+             "(running means in std units, variance ratio, γ/β relative difference).</p><table>"
+             "<tr><th>layer</th><th>ranks</th><th>mean shift</th><th>variance ratio</th>"
+             "<th>γ/β</th></tr>")]
     for _, g in gaps:
         rows.append(f"<tr><td>{_e(g.layer)}</td><td>{g.ranks[0]} / {g.ranks[1]}</td>"
                     f"<td>{g.shift:.3g}</td><td>{math.exp(g.scale):.3g}</td>"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -59,7 +60,7 @@ def fill_path(sample: Sample, gammas: list[np.ndarray | None], betas: list[np.nd
             continue
         arrays = [np.asarray(p, np.float64) for p in points]
         scale = max(unit if unit is not None else float(np.sqrt(arrays[0].size)), 1e-12)
-        length = sum(float(np.linalg.norm(b - a)) for a, b in zip(arrays, arrays[1:]))
+        length = sum(float(np.linalg.norm(b - a)) for a, b in pairwise(arrays))
         setattr(sample, f"{key}_step", length / (len(arrays) - 1) / scale)
         if length > 0:
             setattr(sample, f"{key}_path",

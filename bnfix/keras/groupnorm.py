@@ -24,8 +24,8 @@ import keras
 import numpy as np
 from keras.src.models.functional import Functional
 
-from bnfix.keras.convert import ConversionRefused, layer_paths
 from bnfix.doctor.remedies import group_count
+from bnfix.keras.convert import ConversionRefused, layer_paths
 
 
 @dataclass

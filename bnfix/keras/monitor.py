@@ -207,7 +207,7 @@ class BNMonitor(keras.callbacks.Callback):
         layer = watch.layer
         mean, var = _value(watch.mean), _value(watch.var)
         count, batch = float(_value(watch.count)), float(_value(watch.batch))
-        sample = Sample(step=self.step, count=int(round(count)), batch=int(round(batch)))
+        sample = Sample(step=self.step, count=round(count), batch=round(batch))
         if watch.trace.synced and self.recording.world > 1:
             sample.global_count = sample.count * self.recording.world  # type: ignore[operator]
         running = watch.running or (None, None)

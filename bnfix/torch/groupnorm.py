@@ -31,7 +31,7 @@ def _limit(module: _BatchNorm, groups: int) -> int:
     return groups
 
 
-def _plan(groups: int):  # noqa: ANN202 - a closure for convert_sites
+def _plan(groups: int):
     def plan(site: Site) -> Step:
         module = site.module
         if isinstance(module, _LazyNormBase) and module.has_uninitialized_params():

@@ -17,9 +17,10 @@ A training step is a forward of the model with gradients enabled; a forward with
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -27,9 +28,8 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnfix.doctor.record import FinalStats, LayerTrace, Recording, Sample, add_step
+from bnfix.doctor.stats import FOLLOW, WINDOW
 
-FOLLOW = 4  # updates of γ/β followed after each sampled step (oscillation)
-WINDOW = 8  # sampled steps whose batch statistics are averaged for the end-of-run comparison
 PROBE_SAMPLES = 64  # most inputs kept for the train/eval probe
 PROBE_MIN = 32  # a probe batch smaller than this is topped up with the next training batches
 # the scalars of one sample, in the order `_stats` stacks them
@@ -158,7 +158,7 @@ class TorchMonitor:
 
         return diagnose([self.snapshot()], select=select)
 
-    def __enter__(self) -> TorchMonitor:
+    def __enter__(self) -> TorchMonitor:  # noqa: PYI034 - Python 3.10 has no typing.Self
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -303,7 +303,7 @@ class TorchMonitor:
                     continue
                 scale = unit if unit is not None else \
                     torch.tensor(float(points[0].numel()) ** 0.5, device=points[0].device)
-                length = sum((b - a).norm() for a, b in zip(points, points[1:]))
+                length = sum((b - a).norm() for a, b in pairwise(points))
                 net = (points[-1] - points[0]).norm()
                 pending.extra[f"{key}_step"] = length / FOLLOW / scale
                 pending.extra[f"{key}_path"] = torch.where(
@@ -431,11 +431,11 @@ def _fill(pending: _Pending) -> None:
     sample = pending.sample
     if pending.stats is not None:
         for name, value in zip(STATS, pending.stats.cpu().tolist()):
-            if value == value:  # NaN: not measured
+            if not math.isnan(value):  # NaN: not measured
                 setattr(sample, name, int(value) if name == "nonfinite" else value)
     for name, tensor in pending.extra.items():
         value = float(tensor)
-        if value == value:
+        if not math.isnan(value):
             setattr(sample, name, value)
 
 
@@ -444,7 +444,3 @@ def monitor(model: nn.Module, every: int = 10, *, probe_every: int = 5,
     """Start monitoring `model`'s BN layers, sampling every `every` training steps; use as a
     context manager (or call `.close()`), then read `.recording` or call `.diagnose()`."""
     return TorchMonitor(model, every, probe_every=probe_every, probe=probe).attach()
-
-
-def iter_bn(model: nn.Module) -> Iterator[_BatchNorm]:
-    return (m for m in model.modules() if isinstance(m, _BatchNorm))
