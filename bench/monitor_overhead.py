@@ -3,9 +3,11 @@
 The model is ResNet-18's layout (BasicBlocks [2, 2, 2, 2], 64-512 channels, 20 BatchNorm2d)
 built here, so torchvision is not needed. Each configuration trains --steps SGD steps on random
 data; configurations are interleaved round by round (plain, every=10, every=1) so that machine
-load hits them alike. The table gives each configuration's mean time per step (sampled steps
-included: that is what a run pays), the median over the rounds, its overhead against the plain
-run, and the median time of a sampled step on its own.
+load hits them alike. Times are this process's CPU time (`time.process_time`: with one torch
+thread, the step's compute, which other processes on a shared machine do not inflate the way
+they inflate wall time; `--wall` for wall-clock time). The table gives each configuration's
+mean time per step (sampled steps included: that is what a run pays), the median over the
+rounds, its overhead against the plain run, and the median time of a sampled step on its own.
 
     python bench/monitor_overhead.py [--steps 40] [--rounds 3] [--batch 16] [--size 64]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -52,7 +55,8 @@ def resnet18(classes: int = 10) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def run(every: int | None, steps: int, batch: int, size: int) -> list[float]:
+def run(every: int | None, steps: int, batch: int, size: int,
+        clock: Callable[[], float]) -> list[float]:
     """Per-step seconds of one training run (the first step, a warm-up, is dropped)."""
     torch.manual_seed(0)
     model = resnet18()
@@ -62,12 +66,12 @@ def run(every: int | None, steps: int, batch: int, size: int) -> list[float]:
     watcher = monitor(model, every=every) if every else None
     times = []
     for _ in range(steps + 1):
-        start = time.perf_counter()
+        start = clock()
         loss = nn.functional.cross_entropy(model(images), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     if watcher is not None:
         watcher.close()
     return times[1:]
@@ -79,23 +83,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--wall", action="store_true", help="wall-clock time, not CPU time")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    clock = time.perf_counter if args.wall else time.process_time
     configs = [None, 10, 1]
     per_step: dict[int | None, list[float]] = {c: [] for c in configs}
     sampled: dict[int | None, list[float]] = {c: [] for c in configs}
     for _ in range(args.rounds):
         for every in configs:
-            times = run(every, args.steps, args.batch, args.size)
+            times = run(every, args.steps, args.batch, args.size, clock)
             per_step[every].append(statistics.mean(times))
             if every:  # the sampled steps are 1, 1+every, ...; index 0 (step 1) is dropped
                 sampled[every] += [t for i, t in enumerate(times, start=2)
                                    if (i - 1) % every == 0]
     base = statistics.median(per_step[None])
     print(f"ResNet-18 (20 BatchNorm2d), batch {args.batch}, {args.size}x{args.size}, "
-          f"{torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds")
+          f"{torch.get_num_threads()} threads, {args.steps} steps x {args.rounds} rounds, "
+          f"{'wall' if args.wall else 'CPU'} time")
     print(f"{'configuration':<22} {'mean ms/step':>15} {'overhead':>9} {'sampled step ms':>16}")
     for every in configs:
         median = statistics.median(per_step[every])
