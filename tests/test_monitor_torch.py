@@ -117,3 +117,22 @@ def test_a_layer_in_eval_mode_is_not_probed_as_if_training():
 def test_every_must_be_positive():
     with pytest.raises(ValueError, match="every must be at least 1"):
         monitor(_model(), every=0)
+
+
+def test_a_half_precision_bn_near_float16_range_is_diagnosed():
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)).half()  # statistics in fp16
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with monitor(model, every=1) as watcher:
+        for _ in range(3):
+            x = (torch.randn(16, 3, 8, 8) * 300).half()  # variances ~4e4 of fp16's 65504
+            loss = model(x).float().square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    trace = watcher.recording.layers["1"]
+    assert (trace.dtype, trace.input_dtype) == ("float16", "float16")
+    assert all(s.var_max > 30000 for s in trace.samples)
+    assert "BN309" in {f.code for f in watcher.diagnose()}
