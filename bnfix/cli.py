@@ -71,13 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     rules = sub.add_parser("rules", help="list the rules")
     rules.add_argument("--output-format", default="text", choices=("text", "json", "markdown"))
     convert = sub.add_parser(
-        "convert", help="rewrite a model file's BN layers (Keras: sync|plain; ONNX: inference|folded)",
+        "convert", help="rewrite a model file's BN layers (Keras: sync|plain|groupnorm; ONNX: "
+                        "inference|folded)",
         epilog="Exit codes: 0 written, 1 the rewrite failed its check (nothing written), 2 usage.")
     convert.add_argument("model", help="MODEL.keras or MODEL.onnx")
     convert.add_argument("--to", required=True,
-                         choices=("sync", "plain", "inference", "folded"),
-                         help="sync|plain for .keras, inference|folded for .onnx")
+                         choices=("sync", "plain", "groupnorm", "inference", "folded"),
+                         help="sync|plain|groupnorm for .keras, inference|folded for .onnx")
     convert.add_argument("-o", "--output", required=True, help="where to write the result")
+    convert.add_argument("--groups", type=int, default=32,
+                         help="--to groupnorm: groups per layer (default 32; a divisor of the "
+                              "channels is used where 32 does not divide them)")
     inspect = sub.add_parser(
         "inspect", help="find BN bugs' fingerprints in checkpoints, graphs and exported models",
         epilog=EPILOG)
@@ -96,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
                                                   "(runs your code)"))
+    from bnfix.doctor.command import add_arguments as doctor_arguments
+
+    doctor_arguments(sub.add_parser(
+        "doctor", help="run a training command with BN monitors and diagnose BN (runs your code)",
+        epilog="Exit codes: 0 no finding, 1 findings, 2 usage error or the command failed."))
     return parser
 
 
@@ -174,7 +183,7 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from bnfix.convert import convert_file
 
-    return convert_file(args.model, args.to, args.output)
+    return convert_file(args.model, args.to, args.output, args.groups)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -191,8 +200,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from bnfix.doctor.command import run
+
+    return run(args)
+
+
 COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules,
-            "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate}
+            "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate,
+            "doctor": _cmd_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Commands whose front-ends need the optional frameworks, and the extra that brings each module.
-EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate"})
+EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate", "doctor"})
 EXTRAS = {"torch": "torch", "numpy": "torch", "tensorflow": "tf", "keras": "tf", "h5py": "tf",
           "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plot"}
 

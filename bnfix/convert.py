@@ -6,14 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-TARGETS = {".keras": ("sync", "plain"), ".onnx": ("inference", "folded")}
+TARGETS = {".keras": ("sync", "plain", "groupnorm"), ".onnx": ("inference", "folded")}
 
 
 class ConversionError(Exception):
     """A conversion refused or failed its check: one line for the user, nothing written."""
 
 
-def convert_file(model: str, to: str, output: str) -> int:
+def convert_file(model: str, to: str, output: str, groups: int = 32) -> int:
     """Convert MODEL to OUTPUT; print what was converted. Exit code as the CLI's."""
     suffix = Path(model).suffix.lower()
     if suffix not in TARGETS:
@@ -28,7 +28,11 @@ def convert_file(model: str, to: str, output: str) -> int:
         sys.stderr.write(f"bnfix: {model}: no such file\n")
         return 2
     try:
-        if suffix == ".keras":
+        if suffix == ".keras" and to == "groupnorm":
+            from bnfix.keras.groupnorm import convert_keras_file as to_groupnorm
+
+            summary = to_groupnorm(model, output, groups)
+        elif suffix == ".keras":
             from bnfix.keras.files import convert_keras_file
 
             summary = convert_keras_file(model, to, output)

@@ -25,9 +25,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
 FIX_KINDS = ("safe", "unsafe", "display-only", "none")
 EXAMPLE_KINDS = ("valid", "invalid", "fix")
-# What a rule reads: Python source (`bnfix check`) or artifacts (`bnfix inspect`: checkpoints,
-# graphs, model files). Artifact rules' examples are artifacts, not source.
-TARGETS = ("source", "artifact")
+# What a rule reads: Python source (`bnfix check`), artifacts (`bnfix inspect`: checkpoints,
+# graphs, model files) or a training run (`bnfix doctor`: what the BN monitors recorded).
+# Artifact rules' examples are artifacts, runtime rules' examples recordings, not source.
+TARGETS = ("source", "artifact", "runtime")
 
 
 class RuleBookError(Exception):
@@ -51,6 +52,9 @@ class Example:
     artifact: dict[str, Any] | None = field(default=None, compare=False)
     file: dict[str, str] | None = field(default=None, compare=False)
     flagged: tuple[str, ...] = ()
+    # runtime rules: recordings as data (`bnfix.doctor.record`, one per rank); `flagged`: the
+    # layers an invalid example reports
+    recordings: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,9 @@ def _load_rule(path: Path) -> Rule:
         if target == "artifact":
             examples.append(_artifact_example(ex, kind, i, path))
             continue
+        if target == "runtime":
+            examples.append(_runtime_example(ex, kind, i, path))
+            continue
         if "files" in ex:
             examples.append(_project_example(ex, kind, i, path))
             continue
@@ -375,6 +382,20 @@ def _artifact_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Exam
         raise RuleBookError(f"{path}: example {i}: an invalid example lists what it `flagged`")
     return Example(kind=kind, source="", name=ex.get("name", f"{kind}-{i}"), artifact=artifact,
                    file=file, flagged=flagged)
+
+
+def _runtime_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Example:
+    """A runtime rule's example: recordings (one per rank) and the flagged layers."""
+    if kind == "fix":
+        raise RuleBookError(f"{path}: example {i}: runtime rules have no fix examples")
+    recordings = ex.get("recordings")
+    if not isinstance(recordings, list) or not recordings:
+        raise RuleBookError(f"{path}: example {i}: a runtime example lists its `recordings`")
+    flagged = tuple(ex.get("flagged", ()))
+    if kind == "invalid" and not flagged:
+        raise RuleBookError(f"{path}: example {i}: an invalid example lists what it `flagged`")
+    return Example(kind=kind, source="", name=ex.get("name", f"{kind}-{i}"), flagged=flagged,
+                   recordings=tuple(recordings))
 
 
 def _load_catalogue(folder: Path) -> Catalogue:
@@ -480,8 +501,9 @@ def _default_rulebook() -> RuleBook:
 
 def rules_table_markdown(book: RuleBook) -> str:
     """The README's rule table, generated from the rule files."""
-    rows = ["| code | name | summary | fix |", "|---|---|---|---|"]
+    rows = ["| code | name | summary | fix | on by default |", "|---|---|---|---|---|"]
     for code in sorted(book.rules):
         rule = book.rules[code]
-        rows.append(f"| {code} | {rule.name} | {rule.summary} | {rule.fix} |")
+        on = "yes" if rule.default else "opt-in"
+        rows.append(f"| {code} | {rule.name} | {rule.summary} | {rule.fix} | {on} |")
     return "\n".join(rows) + "\n"

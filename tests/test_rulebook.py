@@ -17,11 +17,14 @@ BOOK = load_rulebook()
 
 def test_every_rule_file_has_a_check_and_every_check_a_rule_file():
     from bnfix.checks.artifacts import ARTIFACT_CHECKS, ARTIFACT_ENGINE_CODES
+    from bnfix.doctor.diagnose import runtime_codes
 
     source = {code for code, rule in BOOK.rules.items() if rule.target == "source"}
-    artifact = set(BOOK.rules) - source
+    artifact = {code for code, rule in BOOK.rules.items() if rule.target == "artifact"}
+    runtime = set(BOOK.rules) - source - artifact
     assert set(registry()) | ENGINE_CODES == source
     assert set(ARTIFACT_CHECKS) | ARTIFACT_ENGINE_CODES == artifact
+    assert runtime_codes() == runtime
 
 
 @pytest.mark.parametrize("code", sorted(BOOK.rules))

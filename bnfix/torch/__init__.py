@@ -5,6 +5,8 @@
 - `convert_sync` / `revert_sync`, `freeze` / `unfreeze`: in-place, reversible conversions of every
   BN in a module tree (exact original classes restored); `fold`: BN into the preceding
   conv/linear for inference. Each takes `strict=` and an optional `ConversionReport` to fill.
+- `monitor(model, every=10)`: watch every BN while the model trains (`bnfix doctor` from Python);
+  `to_group_norm(model, groups=32)`: BN → GroupNorm (a recipe change: retrain).
 """
 
 from bnfix.torch.convert import convert_sync, freeze, revert_sync, unfreeze
@@ -12,6 +14,8 @@ from bnfix.torch.distributed import default_backend
 from bnfix.torch.fold import fold
 from bnfix.torch.frozen import FrozenBatchNorm
 from bnfix.torch.functional import SyncBatchNormFunction, sync_batch_norm
+from bnfix.torch.groupnorm import to_group_norm
+from bnfix.torch.monitor import TorchMonitor, monitor
 from bnfix.torch.report import ConversionRecord, ConversionRefused, ConversionReport
 from bnfix.torch.sync_bn import SyncBatchNorm
 
@@ -22,11 +26,14 @@ __all__ = [
     "FrozenBatchNorm",
     "SyncBatchNorm",
     "SyncBatchNormFunction",
+    "TorchMonitor",
     "convert_sync",
     "default_backend",
     "fold",
     "freeze",
+    "monitor",
     "revert_sync",
     "sync_batch_norm",
+    "to_group_norm",
     "unfreeze",
 ]

@@ -20,6 +20,9 @@ from typing import Any
 ENV_DIR = "BNFIX_PROBE_DIR"  # where the logs go (set by `bnfix validate fix`)
 ENV_ROOT = "BNFIX_PROBE_ROOT"  # the project copy the command runs in
 ENV_STEPS = "BNFIX_PROBE_STEPS"  # training steps recorded in full (then only counters)
+# "module:function" returning the post-import hooks to install (`bnfix doctor` sets it to its
+# monitors); unset: `validate fix`'s probes
+ENV_HOOKS = "BNFIX_PROBE_HOOKS"
 DEFAULT_STEPS = 50
 MAX_CHANNELS = 256  # values recorded per BN variable (the first channels)
 
@@ -107,8 +110,9 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        hook = self.hooks.pop(name, None)
-        if hook is None:
+        # the hook is consumed when the module runs, not here: `importlib.util.find_spec`
+        # (TensorFlow asks it about keras) looks a module up without importing it
+        if name not in self.hooks:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -116,9 +120,14 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _HookedLoader(spec.loader, hook)
+                    spec.loader = _HookedLoader(spec.loader, lambda m: self._imported(name, m))
                 return spec
         return None
+
+    def _imported(self, name: str, module: ModuleType) -> None:
+        hook = self.hooks.pop(name, None)
+        if hook is not None:
+            hook(module)
 
 
 LOG: ProbeLog | None = None
@@ -135,18 +144,33 @@ def boot() -> None:
 
 
 def _install(log: ProbeLog) -> None:
-    from bnfix.validate import probe_keras, probe_tf1, probe_torch
-
-    hooks: dict[str, Callable[[ModuleType], None]] = {
-        "torch": lambda m: log.guard("torch", lambda: probe_torch.install(m, log)),
-        "tensorflow": lambda m: log.guard("tensorflow", lambda: probe_tf1.install_session(m, log)),
-        probe_tf1.LEGACY_LAYERS: lambda m: log.guard("tf1 layers",
-                                                     lambda: probe_tf1.install_layers(m, log)),
-        "keras": lambda m: log.guard("keras", lambda: probe_keras.install(m, log)),
-    }
+    hooks = _hooks(log)
     for name in [n for n in hooks if n in sys.modules]:
         hooks.pop(name)(sys.modules[name])
     sys.meta_path.insert(0, PostImportHooks(hooks))
     log.write("start", argv=list(sys.argv), executable=sys.executable)
     atexit.register(lambda: log.guard("exit", lambda: log.write("files",
                                                                 files=log.project_files())))
+
+
+def _hooks(log: ProbeLog) -> dict[str, Callable[[ModuleType], None]]:
+    """The hooks named by BNFIX_PROBE_HOOKS, else validate's probes."""
+    target = os.environ.get(ENV_HOOKS)
+    if target:
+        import importlib
+
+        module, _, function = target.partition(":")
+        return getattr(importlib.import_module(module), function)(log)
+    return _probe_hooks(log)
+
+
+def _probe_hooks(log: ProbeLog) -> dict[str, Callable[[ModuleType], None]]:
+    from bnfix.validate import probe_keras, probe_tf1, probe_torch
+
+    return {
+        "torch": lambda m: log.guard("torch", lambda: probe_torch.install(m, log)),
+        "tensorflow": lambda m: log.guard("tensorflow", lambda: probe_tf1.install_session(m, log)),
+        probe_tf1.LEGACY_LAYERS: lambda m: log.guard("tf1 layers",
+                                                     lambda: probe_tf1.install_layers(m, log)),
+        "keras": lambda m: log.guard("keras", lambda: probe_keras.install(m, log)),
+    }
