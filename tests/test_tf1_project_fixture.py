@@ -31,8 +31,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (FIXTURES, assert_golden_check, fix_tree, has_tf1_layers, project_files,
-                      run_bnfix)
+from conftest import (
+    FIXTURES,
+    assert_golden_check,
+    fix_tree,
+    has_tf1_layers,
+    project_files,
+    run_bnfix,
+)
 
 TF1 = FIXTURES / "tf1_project"
 PROGRAMS = [p for p in project_files(TF1) if p.endswith(".py")]
