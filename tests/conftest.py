@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -77,5 +78,29 @@ def fix_into(folder: Path, programs, target: Path) -> Run:
     run = run_bnfix("fix", "--unsafe-fixes", "--extend-select", "BN104", "--output-format",
                     "concise", ".", cwd=target)
     for name in programs:
+        assert (target / name).read_text() == (folder / "fixed" / name).read_text(), name
+    return run
+
+
+# Not part of a fixture project's own tree: its golden outputs and what running it leaves.
+_NOT_PROJECT = {"fixed", "expected_check.txt", ".bnfix_cache", "__pycache__"}
+
+
+def project_files(folder: Path) -> list[str]:
+    """The files of a fixture project (a multi-file repository), relative to it, sorted."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_file() and not _NOT_PROJECT & set(p.relative_to(folder).parts))
+
+
+def fix_tree(folder: Path, target: Path, *extra: str) -> Run:
+    """Copy a fixture project to `target`, run `bnfix fix --unsafe-fixes` on the whole tree
+    there, and check that the tree then equals the fixture's fixed/ tree, file by file."""
+    for name in project_files(folder):
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / name, target / name)
+    run = run_bnfix("fix", "--unsafe-fixes", "--no-cache", "--output-format", "concise",
+                    *extra, ".", cwd=target)
+    assert project_files(target) == project_files(folder / "fixed")
+    for name in project_files(target):
         assert (target / name).read_text() == (folder / "fixed" / name).read_text(), name
     return run
