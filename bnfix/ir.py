@@ -621,6 +621,8 @@ class FreezeCall:
     function: FunctionInfo | None
     condition: str | None  # the test of an enclosing `if` in the same function
     condition_in_class: str | None = None  # the same test through `self.` attributes
+    origin: str | None = None  # a freeze applied elsewhere: where (`at construction, in ...`)
+    reapplicable: bool = True  # False: what decides the freeze is not visible where it applies
 
 
 @dataclass(frozen=True)

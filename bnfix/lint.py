@@ -16,8 +16,8 @@ from bnfix.cache import Cache, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
 from bnfix.files import discover
-from bnfix.project.runner import ProjectRunner
 from bnfix.project.pins import tensorflow_pin
+from bnfix.project.runner import ProjectRunner
 from bnfix.project.session import project_root
 from bnfix.report import formats
 from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook, rules_root

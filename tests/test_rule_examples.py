@@ -7,9 +7,9 @@ Artifact rules (`target = "artifact"`, BN2xx and BN902) state their examples as 
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
+
+import pytest
 
 from bnfix import check_paths, check_source, fix_source, load_rulebook
 from bnfix.checks import ENGINE_CODES

@@ -4,15 +4,12 @@ default and registers the moving statistics in MOVING_AVERAGE_VARIABLES, a ResNe
 `finetune.py`. Every bug spans files; bnfix must find it where the user edits and fix it into the
 golden fixed/ tree, and the programs train for 3 steps on 2 logical CPUs before and after.
 
-What the golden fix leaves (bnfix's analysis today, see docs/fixtures.md):
-- BN004 is not found: the EMA helper `utils.moving_average_op` averages
-  `tf.trainable_variables() + tf.moving_average_variables()`, and the BN that registers its
-  moving statistics there is built in models/layers.py. utils.py reaches no BN, and the project
-  fallback of BN004 answers only when the project builds no BN API of its own (here
-  `tf.compat.v1.layers.batch_normalization` inside the registering wrapper), so the finding, and
-  its fix, are missing. The EMA shadows of the moving statistics are still in the fixed program
-  (an xfail below, strict: it starts passing once bnfix finds and fixes BN004).
-- All five findings have fixes that apply (none is display-only).
+What bnfix finds (see docs/fixtures.md): every finding at the place the user edits, with the
+other file named. BN004 is found in the EMA helper `utils.moving_average_op`, which averages
+`tf.trainable_variables() + tf.moving_average_variables()`: utils.py builds no BN, but its
+caller in train.py builds the ResNet whose BN wrapper (models/layers.py) registers its moving
+statistics in MOVING_AVERAGE_VARIABLES. All six findings have fixes that apply (none is
+display-only), and the fixed program keeps no EMA shadow of a moving statistic.
 
 Measured symptoms, and which bug they belong to: under tf-keras a `tf.layers` BN built with
 `trainable=False` adds no update ops at all, so in the original even the wired UPDATE_OPS
@@ -57,6 +54,7 @@ def test_each_bug_is_found_where_the_user_edits():
         ("BN001", "models/layers.py", 20),  # the wrapper's default reaches the BN
         ("BN002", "train.py", 63),  # collected after the tower loop
         ("BN003", "finetune.py", 34),  # the model comes from models/
+        ("BN004", "utils.py", 21),  # the EMA helper's callers build the registering BN
         ("BN005", "utils.py", 13),  # the helper sums over towers
         ("BN006", "train.py", 54),  # the towers build the BN of models/
     }
@@ -68,7 +66,7 @@ def test_each_bug_is_found_where_the_user_edits():
 
 def test_fix_produces_the_golden_tree(tmp_path: Path):
     run = fix_tree(TF1, tmp_path)
-    assert "Found 5 errors (5 fixed, 0 remaining)." in run.stdout, run.stdout
+    assert "Found 6 errors (6 fixed, 0 remaining)." in run.stdout, run.stdout
     again = run_bnfix("fix", "--unsafe-fixes", "--no-cache", ".", cwd=tmp_path)
     assert again.returncode == 0 and "All checks passed!" in again.stdout
     assert project_files(tmp_path) == project_files(TF1 / "fixed")
@@ -235,7 +233,5 @@ def test_bn004_original_keeps_ema_shadows_of_the_moving_stats(runs):
 
 @pytest.mark.slow
 @pytest.mark.tf
-@pytest.mark.xfail(strict=True, reason="bnfix does not find BN004 in the EMA helper of utils.py "
-                   "(the registering BN is in models/layers.py), so the fix leaves it")
 def test_bn004_no_ema_shadows_of_the_moving_stats_after_fix(runs):
     assert _moving_stat_shadows(runs[("fixed", "train.py")]) == []

@@ -4,20 +4,19 @@ calls `self.model.train()` and an `evaluate()` helper that runs the model under 
 `model.eval()`, and `main.py` that trains it under DDP (gloo on CPU) with no SyncBN conversion.
 bnfix's output must equal the golden files, and both versions run with 2 ranks on CPU.
 
-What bnfix finds and fixes today (see docs/fixtures.md):
+What bnfix finds and fixes (see docs/fixtures.md):
 - BN006 at the DDP wrap in main.py (the BN is built in models/net.py): fixed by
   `bnfix.torch.convert_sync`, which runs on gloo. The ranks' running statistics differ in the
   original and are identical after the fix.
-- BN101 is not found: `evaluate()` and the `Trainer` that calls it with `self.model` (put in
-  train mode by `train_one_epoch`) are in the same file. The same helper moved to a file of its
-  own is found (the caller in trainer.py is then "in another file"); in one file BN101 matches
-  the evaluated model with a `.train()` by name only (`model` vs `self.model`).
-- BN102 is not found: the freeze happens in `SegNet.__init__` (models/net.py), the model is
-  built in main.py (`build_model(freeze_bn=...)`) and reaches `self.model.train()` through the
-  `Trainer`'s constructor; BN102 follows the model only when the class is instantiated in the
-  function (or class) that calls `train()`.
-The runs show both symptoms in the original; that they are gone after the fix is a strict xfail
-each, which starts passing once bnfix finds and fixes them (the golden tree then changes)."""
+- BN101 in `evaluate()`: the `Trainer` in the same file calls it with `self.model`, which its
+  epoch loop put in train mode. The fix evaluates in eval mode and restores the mode; after it,
+  evaluation leaves the running statistics alone.
+- BN102 at `self.model.train()` in trainer.py: the model is built in main.py through
+  `build_model(freeze_bn=args.freeze_bn)` (models/net.py: `SegNet.__init__` freezes the backbone's
+  BN when `freeze_bn` is true) and reaches the `Trainer` through its constructor. The finding
+  names both files; its fix is display-only (the re-freeze depends on `args.freeze_bn`, which the
+  trainer cannot see, and the model it holds is DDP-wrapped), so the fixed tree still moves the
+  frozen statistics: the test below asserts that, as the documented limit of the fix."""
 
 from __future__ import annotations
 
@@ -40,27 +39,35 @@ def test_check_output_is_the_golden_output():
 
 
 def test_ddp_finding_points_at_the_wrap_and_names_the_model_file():
-    run = run_bnfix("check", "--no-cache", "--output-format", "json", ".", cwd=TORCH)
-    found = [(r["code"], Path(r["filename"]).name, r["location"]["row"])
-             for r in json.loads(run.stdout)]
-    assert found == [("BN006", "main.py", 49)]
-    assert "models/net.py:15" in json.loads(run.stdout)[0]["message"]
+    run = run_bnfix("check", "--no-cache", "--output-format", "json", *PROGRAMS, cwd=TORCH)
+    records = json.loads(run.stdout)
+    found = [(r["code"], Path(r["filename"]).name, r["location"]["row"]) for r in records]
+    assert found == [("BN006", "main.py", 49), ("BN101", "trainer.py", 12),
+                     ("BN102", "trainer.py", 28)]
+    assert "models/net.py:15" in records[0]["message"]
+
+
+def test_construction_freeze_is_followed_through_the_factory_and_the_trainer():
+    run = run_bnfix("check", "--no-cache", "--output-format", "json", *PROGRAMS, cwd=TORCH)
+    bn102 = next(r for r in json.loads(run.stdout) if r["code"] == "BN102")
+    assert "`SegNet(...)`" in bn102["message"] and "main.py:46" in bn102["message"]
+    assert bn102["fix"]["applicability"] == "display-only"
 
 
 def test_fix_produces_the_golden_tree(tmp_path: Path):
     run = fix_tree(TORCH, tmp_path, "--extend-select", "BN104")
-    assert "Found 1 error (1 fixed, 0 remaining)." in run.stdout, run.stdout
-    again = run_bnfix("fix", "--unsafe-fixes", "--no-cache", "--extend-select", "BN104", ".",
-                      cwd=tmp_path)
-    assert again.returncode == 0 and "All checks passed!" in again.stdout
+    assert "Found 3 errors (2 fixed, 1 remaining)." in run.stdout, run.stdout
+    again = run_bnfix("fix", "--unsafe-fixes", "--no-cache", "--extend-select", "BN104",
+                      "--output-format", "concise", ".", cwd=tmp_path)
+    assert again.returncode == 1 and again.stdout.count("BN102") == 1, again.stdout
     for name in project_files(tmp_path):
         assert (tmp_path / name).read_text() == (TORCH / "fixed" / name).read_text(), name
 
 
-def test_golden_tree_is_clean():
-    run = run_bnfix("check", "--no-cache", "--extend-select", "BN104", ".",
-                    cwd=TORCH / "fixed")
-    assert run.returncode == 0, run.stdout
+def test_golden_tree_keeps_only_the_display_only_finding():
+    run = run_bnfix("check", "--no-cache", "--extend-select", "BN104", "--output-format",
+                    "json", ".", cwd=TORCH / "fixed")
+    assert [r["code"] for r in json.loads(run.stdout)] == ["BN102"], run.stdout
 
 
 # -- the programs, run for real -----------------------------------------------------------
@@ -123,10 +130,9 @@ def test_bn102_frozen_bn_running_stats_move_after_train_in_original(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="bnfix does not find BN102: the model is built in "
-                   "main.py and calls .train() as Trainer.self.model in trainer.py")
-def test_bn102_frozen_bn_stays_frozen_after_fix(runs):
-    assert _frozen_bn_moved(runs["fixed"]) == 0.0
+def test_bn102_display_only_fix_leaves_the_symptom(runs):
+    """The limit of a display-only fix, measured: the user must apply it."""
+    assert _frozen_bn_moved(runs["fixed"]) > 1e-2
 
 
 @pytest.mark.slow
@@ -135,8 +141,6 @@ def test_bn101_evaluation_moves_running_stats_in_original(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="bnfix does not find BN101: evaluate() and the Trainer "
-                   "that calls it with self.model are in one file")
 def test_bn101_evaluation_leaves_running_stats_alone_after_fix(runs):
     assert max(_diff(e["after_train"][bn], e["after_eval"][bn])
                for r in runs["fixed"] for e in r["epochs"] for bn in ("backbone", "head")) == 0.0

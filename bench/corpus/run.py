@@ -36,11 +36,12 @@ import sys
 import tarfile
 import tempfile
 import time
-import tomllib
 import zipfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 CODEBASES = HERE / "codebases.toml"
@@ -201,7 +202,7 @@ def _download(codebase: Codebase, cache: Path) -> Path:
                           check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{codebase.name}: pip download {codebase.pip} failed:\n{proc.stderr}")
-    return sorted(folder.iterdir())[0]
+    return min(folder.iterdir())
 
 
 def _git_dir(codebase: Codebase, mirrors: Path | None, cache: Path, clone: bool) -> Path | None:
@@ -361,8 +362,8 @@ def precision_table(findings: list[Finding], judgments: dict[tuple[str, str, int
     for finding in findings:
         judgment = judgments.get(finding.key)
         counts[finding.code][judgment.verdict if judgment else "unjudged"] += 1
-    lines = [f"{'rule':<7} {'default':<8} {'findings':>8} {'true':>5} {'false':>6} "
-             f"{'debatable':>9} {'unjudged':>8} {'precision':>9}"]
+    lines = [(f"{'rule':<7} {'default':<8} {'findings':>8} {'true':>5} {'false':>6} "
+             f"{'debatable':>9} {'unjudged':>8} {'precision':>9}")]
     below = []
     for code in sorted(counts):
         c = counts[code]

@@ -9,8 +9,6 @@ from bnfix.checks import check
 from bnfix.checks.tensorflow import hard_wired
 from bnfix.ir import (
     Applicability,
-    Related,
-    bindings,
     Arg,
     BNSite,
     Const,
@@ -20,9 +18,11 @@ from bnfix.ir import (
     Migration,
     ModuleIR,
     Pos,
+    Related,
     Span,
     Unknown,
     Value,
+    bindings,
     is_string,
 )
 

@@ -28,7 +28,6 @@ from bnfix.ir import (
     Pos,
     Related,
     Span,
-    shown_path,
     TowerLoop,
     TrainOp,
     Value,
@@ -37,6 +36,7 @@ from bnfix.ir import (
     WrapStatements,
     bindings,
     is_const,
+    shown_path,
 )
 
 UNSAFE = Applicability.UNSAFE
@@ -468,7 +468,8 @@ def _registers(module: ModuleIR, key: str, user: FunctionInfo | None) -> list[st
         m.function is None or _runs_under(by_name.get(m.function), around))]
     places += [f"{shown_path(o.path)}:{o.span.start.row}"
                for o in module.reached_facts.get(f"registers:{key}", [])]
-    places += [_call_place(s) for s in _graph_callers(user) if f"registers:{key}" in s.facts]
+    places += [f"a BN in the graph its caller builds {_call_place(s)}" for s in _graph_callers(user)
+               if f"registers:{key}" in s.facts]
     return places
 
 
@@ -552,8 +553,8 @@ def _stat_holders(module: ModuleIR, var_list: VarsExpr,
         elif "stats:moving_average" in term.tags:
             places = _registers(module, "MOVING_AVERAGE_VARIABLES", user)
             if places:
-                out.append((term, f"the BN registers them in MOVING_AVERAGE_VARIABLES "
-                                  f"({places[0]})"))
+                reason = f"the BN registers them in MOVING_AVERAGE_VARIABLES ({places[0]})"
+                out.append((term, reason))
     return out
 
 

@@ -162,24 +162,42 @@ def train_undoes_bn_freeze(module: ModuleIR) -> Iterator[Finding]:
     for freeze in module.freeze_calls:
         freezes[freeze.target].append(freeze)
     for mode in module.mode_calls:
-        if mode.kind != "train" or mode.target not in freezes:
+        if mode.kind != "train":
             continue
-        applied = freezes[mode.target]
+        applied = [f for f in freezes.get(mode.target, ()) if _same_object(f, mode)]
+        if not applied:
+            continue
         if any(f.function is mode.function and f.span.start > mode.span.start for f in applied):
             continue  # re-frozen after this train()
         freeze = applied[0]
+        where = freeze.origin or f"line {freeze.span.start.row}"
         message = (
             f"`{mode.target}.train()` puts every BatchNorm back in train mode, undoing the BN "
-            f"freeze `{freeze.text.format(target=freeze.target)}` (line {freeze.span.start.row}), "
+            f"freeze `{freeze.text.format(target=freeze.target)}` ({where}), "
             "which is not applied again afterwards: the frozen BNs' running statistics move "
             "again from here on"
         )
         yield Finding("BN102", mode.span, message, _bn102_fix(mode, freeze))
 
 
+def _same_object(freeze: FreezeCall, mode: ModeCall) -> bool:
+    """Whether the freeze and the `train()` call name one object: the same local in one
+    function, a module-level name, or one `self.` attribute in the methods of one class."""
+    if freeze.function is mode.function or freeze.function is None:
+        return True
+    if not mode.target.startswith("self.") or mode.function is None:
+        return False
+    return freeze.function.class_name is not None and \
+        freeze.function.class_name == mode.function.class_name
+
+
 def _bn102_fix(mode: ModeCall, freeze: FreezeCall) -> Fix:
     text = freeze.text.format(target=mode.target)
     advice = Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()`: `{text}`")
+    if not freeze.reapplicable:
+        return Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()` when the model "
+                            f"was built frozen (`{text}`, on `.module` of a DDP/DataParallel "
+                            "wrapper), or override `train()` in the model class to re-apply it")
     statement = mode.statement
     if not statement.wrappable:
         return advice

@@ -18,6 +18,7 @@ from bnfix.project.summary import (
     ParamSpec,
     Ref,
 )
+from bnfix.source.torch_context import freeze_switch
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -172,6 +173,15 @@ class Summarizer:
                 rows[m.target] = min(rows.get(m.target, m.span.start.row), m.span.start.row)
         return out
 
+    def _receiver_chain(self, value: ast.expr) -> ast.expr:
+        """`Net(...).to(device).train()` -> `Net(...)`: module methods that return the module
+        keep what is assigned the object the call built."""
+        kinds = self.w.vocab.method_kind
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+                kinds.get(value.func.attr) == "returns_self":
+            value = value.func.value
+        return value
+
     def _record(self, raw: RawCall, target: str, bound: bool) -> CallRecord:
         call = raw.call
         function = raw.ctx.function
@@ -192,7 +202,8 @@ class Summarizer:
                 texts.append((kw.arg, self.r.text.slice(self.r.text.span(kw.value))))
         stmt = raw.stmt
         assigned = None
-        if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+                self._receiver_chain(stmt.value) is call:
             assigned = self.r.text.slice(self.r.text.span(stmt.targets[0]))
         return CallRecord(target, loc(self.r.text.span(call)), args, star, bound,
                           self._tags(raw, [t for _, t in texts]), tuple(texts), assigned)
@@ -236,7 +247,8 @@ class Summarizer:
             function = call.function
             if call.target == "self" and function is not None and \
                     function.class_name == name and function.name == "__init__":
-                facts.add(f"init_freeze:{call.text}")
+                switch = freeze_switch(call.condition, function)
+                facts.add(f"init_freeze:{call.text}{switch.encode() if switch else ''}")
         if name in self.module.freezing_trains:
             facts.add("train_refreezes")
         return facts
@@ -306,3 +318,4 @@ class Summarizer:
             if isinstance(value, Const):
                 out[name] = ref(value, None)
         return out
+

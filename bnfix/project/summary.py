@@ -169,7 +169,7 @@ class ModuleSummary:
             marks=tuple((k, tuple(lc), f) for k, lc, f in data["marks"]),  # type: ignore[misc]
         )
         if not isinstance(data["digest"], str):
-            raise ValueError("summary digest")
+            raise TypeError("summary digest")
         summary.__dict__["digest"] = data["digest"]  # as made: a reload must not change it
         return summary
 

@@ -14,6 +14,8 @@ lifted) turns that into IR:
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,12 +36,21 @@ from bnfix.ir import (
     Span,
     Unknown,
     Value,
+    shown_path,
 )
 from bnfix.project.index import ProjectIndex, Reach
 from bnfix.project.summarize import Summarizer
-from bnfix.project.summary import MODULE_SCOPE, CallRecord, FunctionSummary, Loc, ParamSpec, Ref
+from bnfix.project.summary import (
+    MODULE_SCOPE,
+    UNKNOWN,
+    CallRecord,
+    FunctionSummary,
+    Loc,
+    ParamSpec,
+    Ref,
+)
 from bnfix.source.calls import call_info
-from bnfix.source.torch_context import conditions_of
+from bnfix.source.torch_context import UNKNOWN_VALUE, FreezeSwitch, conditions_of
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -204,8 +215,13 @@ def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord) -> list
 
 def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> ClassInfo | None:
     """The class a call builds an instance of: the class called, or the one a factory
-    function returns (`build_model()` returning `Net(...)`)."""
+    function returns (`build_model()` returning `Net(...)`). A construction-time freeze under
+    `if <param>:` of `__init__` is kept only when the arguments (through the factory) can make
+    the test true: `init_freeze:<text>` when it always applies, `init_freeze:<text>?=<test>`
+    with the test as written at `call` when that decides, `?=` alone when nothing visible
+    there does."""
     found = index.resolve_class(module_id, call.target)
+    bind: Binder = lambda name, i: _bound(call, name, i)
     if found is None:
         for target in index.targets(module_id, call.target):
             function = index.function(*target.key)
@@ -213,6 +229,8 @@ def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> Clas
                 for returned in function.returns:
                     found = index.resolve_class(target.module, returned)
                     if found is not None:
+                        inner = next((c for c in function.calls if c.target == returned), None)
+                        bind = _through_factory(call, function, inner, target.bound)
                         break
             if found is not None:
                 break
@@ -221,9 +239,87 @@ def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> Clas
     owner, klass = found
     facts: list[str] = []
     for where, base in index.mro(owner, klass.name):
-        facts.extend(f for f in base.facts if f not in facts)
+        init = index.function(where, f"{base.name}.__init__")
+        for fact in base.facts:
+            if fact.startswith("init_freeze:"):
+                text, switch = FreezeSwitch.decode(fact.split(":", 1)[1])
+                fact = f"init_freeze:{text}"
+                spec = init.param(switch.param) if switch and init else None
+                if switch is not None and spec is not None and base is klass:
+                    passed, written = bind(switch.param, spec.index - 1 if spec.index > 0 else -1)
+                    if passed is None:
+                        passed = spec.default
+                    if not switch.freezes(_literal(passed)):
+                        continue
+                    if _literal(passed) is UNKNOWN_VALUE:
+                        fact += f"?={switch.test(written) if written else ''}"
+                elif switch is not None:
+                    fact += "?="
+            if fact not in facts:
+                facts.append(fact)
     summary = index.summaries[owner]
     return ClassInfo(summary.path, klass.name, klass.loc, tuple(facts))
+
+
+Binder = Callable[[str, int], tuple[Ref | None, str | None]]
+
+
+def _bound(call: CallRecord | None, name: str, position: int) -> tuple[Ref | None, str | None]:
+    """What `call` passes for a parameter (by keyword, or at `position`) and its text;
+    (UNKNOWN, None) when `*args`/`**kwargs` may carry it, (None, None) when it is not passed."""
+    if call is None:
+        return UNKNOWN, None
+    texts = dict(call.texts)
+    for key in (name, f"#{position}" if position >= 0 else None):
+        if key is not None and key in call.args:
+            return call.args[key], texts.get(key)
+    return (UNKNOWN if call.star else None), None
+
+
+def _through_factory(outer: CallRecord, factory: FunctionSummary, inner: CallRecord | None,
+                     bound: bool) -> Binder:
+    """Binding for the construction inside a factory: a factory parameter passed on is what
+    the factory's caller passes (or the factory's default)."""
+    def bind(name: str, position: int) -> tuple[Ref | None, str | None]:
+        ref, _ = _bound(inner, name, position)
+        if ref is None or ref.kind != "p":
+            return ref, None
+        spec = factory.param(ref.value)
+        if spec is None:
+            return UNKNOWN, None
+        index = spec.index - (1 if bound else 0) if spec.index >= 0 else -1
+        passed, written = _bound(outer, spec.name, index)
+        if passed is None:
+            return spec.default or UNKNOWN, None
+        return passed, written
+    return bind
+
+
+def _literal(ref: Ref | None) -> object:
+    return ref.value if ref is not None and ref.kind == "c" else UNKNOWN_VALUE
+
+
+def _frozen_names(index: ProjectIndex, module_id: str, function: FunctionSummary | None,
+                  call: CallRecord) -> tuple[str, ...]:
+    """`frozen:<name>` for each local the caller assigned, before `call`, an instance whose
+    BN its class freezes at construction (`=<origin>` after it): the callee's parameter that
+    receives it holds a frozen model."""
+    if function is None:
+        return ()
+    out = []
+    for record in function.calls:
+        if record.assigned is None or record.loc >= call.loc:
+            continue
+        info = _instantiated(index, module_id, record)
+        if info is None or "train_refreezes" in info.facts:
+            continue
+        for fact in info.facts:
+            if fact.startswith("init_freeze:"):
+                text = fact.split(":", 1)[1].partition("?=")[0]
+                path = index.summaries[module_id].path
+                out.append(f"frozen:{record.assigned}={text}|{info.name}|"
+                           f"{shown_path(path)}:{record.loc[0]}")
+    return tuple(out)
 
 
 def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
@@ -238,7 +334,9 @@ def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
         bound = next((t.bound for t in index.targets(caller.module, caller.call.target)
                       if t.key == callee), caller.call.bound)
         key = None if caller.function == MODULE_SCOPE else (caller.module, caller.function)
-        facts = summary.facts + _graph_facts(index, caller.module, caller.function, registers)
+        facts = summary.facts + _graph_facts(index, caller.module, caller.function, registers) \
+            + _frozen_names(index, caller.module, summary.functions.get(caller.function),
+                            caller.call)
         found.append(ForeignCall(summary.path, key, caller.call, bound, facts))
         if key is not None and key not in context.functions:
             function = summary.functions[caller.function]
@@ -297,6 +395,7 @@ class ProjectView:
         for function in resolver.w.functions:
             for call in self.context.calls.get((self.module_id, function.qualname), ()):
                 function.call_sites.append(self._call_site(call, function, CALLER_DEPTH))
+            self._frozen_params(resolver, module, function)
         module.project_notes.extend(self.context.notes)
         module.project_marks = [Mark(kind, span(lc), path, function)
                                 for kind, path, lc, function in self.context.marks]
@@ -333,16 +432,61 @@ class ProjectView:
                 continue
             methods.update(f.split(":", 1)[1] for f in info.facts if f.startswith("freeze:"))
             for fact in info.facts:
-                if fact.startswith("init_freeze:"):
-                    module.freeze_calls.append(FreezeCall(
-                        record.assigned, fact.split(":", 1)[1], resolver.text.span(raw.call),
-                        resolver.statement(raw.stmt), raw.ctx.function, None))
+                if not fact.startswith("init_freeze:"):
+                    continue
+                text, switched, test = fact.split(":", 1)[1].partition("?=")
+                module.freeze_calls.append(FreezeCall(
+                    record.assigned, text, resolver.text.span(raw.call),
+                    resolver.statement(raw.stmt), raw.ctx.function, test or None,
+                    origin=f"applied at construction by `{info.name}(...)`, "
+                           f"{shown_path(info.path)}:{info.loc[0]}",
+                    reapplicable=not switched or bool(test)))
         for raw in resolver.w.attr_calls:
             if raw.kind in methods and not raw.call.args:
                 receiver = resolver.text.slice(resolver.text.span(raw.call.func.value))  # type: ignore[attr-defined]
                 module.freeze_calls.append(FreezeCall(
                     receiver, f"{{target}}.{raw.kind}()", resolver.text.span(raw.call),
                     resolver.statement(raw.stmt), raw.ctx.function, None))
+
+    def _frozen_params(self, resolver: Resolver, module: ModuleIR, function: FunctionInfo) -> None:
+        """A parameter that callers in other files pass a model frozen at construction holds a
+        frozen model; an `__init__` that stores it in `self.<attr>` makes that attribute one.
+        The freeze is named, not re-applied by a fix: what decides it is in the other file."""
+        for site in function.call_sites:
+            for fact in site.facts:
+                if not fact.startswith("frozen:") or not site.where:
+                    continue
+                name, _, rest = fact[len("frozen:"):].partition("=")
+                text, klass, place = rest.split("|")
+                for param, value in site.args.items():
+                    if getattr(value, "text", None) != name:
+                        continue
+                    origin = (f"applied at construction by `{klass}(...)` to the model built "
+                              f"at {place} and passed as `{param}`")
+                    for target, stmt in self._holders(resolver, function, param):
+                        module.freeze_calls.append(FreezeCall(
+                            target, text, resolver.text.span(stmt),
+                            resolver.statement(stmt, compound_ok=True), function, None,
+                            origin=origin, reapplicable=False))
+
+    @staticmethod
+    def _holders(resolver: Resolver, function: FunctionInfo,
+                 param: str) -> list[tuple[str, ast.stmt]]:
+        """Where the parameter's object lives in the function: `self.<attr>` when `__init__`
+        stores it there, else the parameter itself (at the def)."""
+        if function.name != "__init__" or function.class_name is None:
+            node = resolver.w.function_nodes.get(id(function))
+            return [(param, node)] if node is not None else []
+        out = []
+        prefix = f"{function.class_name}."
+        for (scope, key), defs in resolver.w.defs.items():
+            if scope != 0 or not key.startswith(prefix):
+                continue
+            for _, value, stmt in defs:
+                if isinstance(value, ast.Name) and value.id == param and \
+                        function.span.start.row < stmt.lineno <= function.span.end.row:
+                    out.append((f"self.{key[len(prefix):]}", stmt))
+        return out
 
     def _call_site(self, call: ForeignCall, target: FunctionInfo, depth: int) -> CallSite:
         caller = self._proxy(call.caller, depth - 1) if call.caller is not None else None

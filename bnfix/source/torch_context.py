@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bnfix.ir import (
@@ -16,6 +17,7 @@ from bnfix.ir import (
     Block,
     BNSite,
     Condition,
+    Const,
     FreezeCall,
     FunctionInfo,
     ModeCall,
@@ -302,15 +304,43 @@ class TorchContext:
             if call.target != "self" or function is None or function.class_name is None or \
                     id(function) in freezers:
                 continue
+            switch = freeze_switch(call.condition, function)
             for key, defs in self.w.defs.items():
-                for _, value, _ in defs:
-                    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
-                            value.func.id == function.class_name:
-                        name = key[1] if key[0] != 0 or "." not in key[1] else \
-                            "self." + key[1].split(".", 1)[1]
-                        out.append(FreezeCall(name, call.text, call.span, call.statement,
-                                              function, call.condition, call.condition_in_class))
+                for _, value, stmt in defs:
+                    built = self._built_by(value)
+                    if not (isinstance(built, ast.Call) and isinstance(built.func, ast.Name) and
+                            built.func.id == function.class_name):
+                        continue
+                    condition, reapplicable = None, True
+                    if switch is not None:
+                        value, node = _passed(built, function, switch.param)
+                        if not switch.freezes(value):
+                            continue
+                        if value is UNKNOWN_VALUE:
+                            reapplicable = node is not None
+                            condition = switch.test(self._text(node)) if node else None
+                    in_class = key[0] == 0 and "." in key[1]
+                    name = "self." + key[1].split(".", 1)[1] if in_class else key[1]
+                    out.append(FreezeCall(
+                        name, call.text, self.text.span(built), self.r.statement(stmt),
+                        self._enclosing(stmt), condition,
+                        origin=f"applied at construction by `{function.class_name}(...)`, "
+                               f"line {call.span.start.row}", reapplicable=reapplicable))
         return out
+
+    def _built_by(self, value: ast.expr) -> ast.expr:
+        """`Net(...).to(device)` -> `Net(...)` (module methods that return the module)."""
+        kinds = self.w.vocab.method_kind
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+                kinds.get(value.func.attr) == "returns_self":
+            value = value.func.value
+        return value
+
+    def _enclosing(self, stmt: ast.stmt) -> FunctionInfo | None:
+        """The innermost function whose body holds `stmt`."""
+        row = stmt.lineno
+        inside = [f for f in self.w.functions if f.span.start.row < row <= f.span.end.row]
+        return max(inside, key=lambda f: f.span.start.row, default=None)
 
     def _param_freezes(self) -> list[ParamFreeze]:
         out = []
@@ -463,6 +493,69 @@ class TorchContext:
             owner = ctx.function.class_name if ctx.function else ctx.class_name
             return f"{owner}:{target}"
         return f"{id(ctx.function)}:{target}"
+
+
+@dataclass(frozen=True)
+class FreezeSwitch:
+    """A construction-time freeze under `if <param>:` (or `if not <param>:`) of `__init__`:
+    an instance is frozen unless its construction makes the test false."""
+
+    param: str
+    negated: bool
+
+    def freezes(self, passed: object) -> bool:
+        """`passed`: the literal value the construction binds (UNKNOWN_VALUE when unknown)."""
+        if passed is UNKNOWN_VALUE:
+            return True
+        return bool(passed) != self.negated
+
+    def test(self, passed: str) -> str:
+        """The test, written with what the construction passes."""
+        return f"not ({passed})" if self.negated else passed
+
+    def encode(self) -> str:
+        return f"?{'!' if self.negated else ''}{self.param}"
+
+    @staticmethod
+    def decode(fact: str) -> tuple[str, FreezeSwitch | None]:
+        """`init_freeze:` payload -> (freeze text, switch)."""
+        text, sep, switch = fact.rpartition("?")
+        if not sep or not switch.lstrip("!").isidentifier():
+            return fact, None
+        return text, FreezeSwitch(switch.lstrip("!"), switch.startswith("!"))
+
+
+UNKNOWN_VALUE = object()
+
+
+def freeze_switch(condition: str | None, init: FunctionInfo) -> FreezeSwitch | None:
+    """The switch of a freeze applied in `__init__` under `condition`, when the test is one of
+    its parameters (any other test is not followed: the instance is possibly frozen)."""
+    if condition is None:
+        return None
+    negated = condition.startswith("not (") and condition.endswith(")")
+    name = condition[5:-1] if negated else condition
+    if name.isidentifier() and name in init.params:
+        return FreezeSwitch(name, negated)
+    return None
+
+
+def _passed(call: ast.Call, init: FunctionInfo, name: str) -> tuple[object, ast.expr | None]:
+    """What a construction `C(...)` binds to `__init__`'s parameter `name`: the literal (its
+    default when not passed) or UNKNOWN_VALUE, and the argument as written (None when not
+    visible: not passed, or maybe in *args/**kwargs)."""
+    node: ast.expr | None = next((k.value for k in call.keywords if k.arg == name), None)
+    param = init.params[name]
+    starred = any(isinstance(a, ast.Starred) for a in call.args)
+    if node is None and param.positional and 0 < param.index <= len(call.args) and \
+            not any(isinstance(a, ast.Starred) for a in call.args[:param.index]):
+        node = call.args[param.index - 1]
+    if node is None:
+        if starred or any(k.arg is None for k in call.keywords):
+            return UNKNOWN_VALUE, None
+        default = param.default
+        return (default.value if isinstance(default, Const) else UNKNOWN_VALUE), None
+    return (node.value if isinstance(node, ast.Constant) else UNKNOWN_VALUE), node
 
 
 def conditions_of(text: SourceText, raw: RawCall,
