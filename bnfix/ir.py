@@ -427,6 +427,7 @@ class ApiRef:
     synced_counterpart: str | None = None  # what synchronizes it across devices (BN006)
     registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
     training_none: bool = True  # its training flag accepts None
+    frozen_drops_updates: bool = False  # trainable=False also drops its update ops (tf.layers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,6 +147,7 @@ class ApiSpec:
     migration: Migration | None = None
     registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
     training_none: bool = True  # its training flag accepts None (Keras: the learning phase)
+    frozen_drops_updates: bool = False  # trainable=False also drops its update ops (tf.layers)
 
     def canonical_name(self, param: str) -> str:
         return self.canonical.get(param, param)
@@ -166,6 +167,7 @@ class ApiSpec:
             synced_counterpart=self.synced_counterpart,
             registers=self.registers,
             training_none=self.training_none,
+            frozen_drops_updates=self.frozen_drops_updates,
         )
 
 
@@ -423,6 +425,7 @@ def _load_catalogue(folder: Path) -> Catalogue:
                 synced_counterpart=entry.get("synced_counterpart"),
                 registers=tuple(entry.get("registers", ())),
                 training_none=bool(entry.get("training_none", True)),
+                frozen_drops_updates=bool(entry.get("frozen_drops_updates", False)),
             )
             for name in spec.names:
                 if name in cat.apis:

@@ -129,6 +129,9 @@ def _bn001(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Finding
         f"{built} is built with `trainable=False`{origin} but runs in training "
         f"mode (training is {mode}{where}): gamma and beta never train and stay at 1 and 0"
     )
+    if site.api.frozen_drops_updates:
+        message += (" (and as a Keras-backed layer it then adds no update ops either: its "
+                    "moving mean and variance never update)")
     # where the user edits: the call site that passes the `False`, when one does (here);
     # else the BN call (the `False` is its argument, its wrapper's default or a constant)
     passed = literal.span is not None and (
