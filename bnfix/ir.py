@@ -142,6 +142,7 @@ class Const:
     text: str
     span: Span | None
     where: str | None = None
+    negated: bool = False  # the literal written at `span` is `not value` (reached through `not p`)
 
     @property
     def local(self) -> bool:
@@ -167,9 +168,19 @@ class FromParam:
     function: FunctionInfo
     name: str
     span: Span | None
+    negated: bool = False  # `not <param>`: the parameter's truth value inverted
 
 
 Value = Const | Unknown | FromParam
+
+
+def negate(value: Value) -> Value:
+    """`not value`: a literal folded, a parameter marked, anything else unknown."""
+    if isinstance(value, Const):
+        return Const(not value.value, value.text, value.span, value.where, not value.negated)
+    if isinstance(value, FromParam):
+        return FromParam(value.function, value.name, value.span, not value.negated)
+    return Unknown(f"not ({value.text})", value.span, where=value.where)
 
 
 @dataclass(frozen=True)
@@ -245,11 +256,14 @@ class Binding:
         for function, site in self.chain:
             if not (isinstance(value, FromParam) and value.function is function):
                 break
+            negated = value.negated
             value = function.param_value(site, value.name)
+            if negated and value is not None:
+                value = negate(value)
         if isinstance(value, FromParam) and not value.function.call_sites:
             param = value.function.params.get(value.name)
             if param is not None and param.default is not None:
-                return param.default
+                return negate(param.default) if value.negated else param.default
         return value
 
     @property

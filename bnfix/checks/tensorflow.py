@@ -120,7 +120,8 @@ def _bn001(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Finding
     origin = ""
     if literal.span is not None and (direct is None or literal.span != direct.value.span) \
             and not (site.origin is not None and _within(literal.span, site.call.span)):
-        origin = f" (the `False` comes from {_row(literal.span)})"
+        origin = f" (the `False` comes from {_row(literal.span)})" if not literal.negated else \
+            f" (`not` of the `{literal.text}` on {_row(literal.span)})"
     mode = _describe(first.training)
     site_row = first.binding.innermost_site
     where = f" at the call {_call_place(site_row)}" if site_row else ""
@@ -181,7 +182,10 @@ def _bn001_fix(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Fix
               and c.trainable.local} & spans
     if spans and not shared and all(isinstance(c.trainable, Const) and c.trainable.local
                                     for c in bad):
-        edits = tuple(Edit(span, "True") for span in sorted(spans))  # type: ignore[type-var]
+        negated = {c.trainable.span: c.trainable.negated for c in bad
+                   if isinstance(c.trainable, Const)}
+        edits = tuple(Edit(span, "False" if negated[span] else "True")
+                      for span in sorted(spans))  # type: ignore[type-var]
         return Fix(UNSAFE, "Set `trainable=True` so gamma and beta train", edits)
     # The same literal also freezes a BN that is in inference mode on purpose: pass
     # trainable=True at the training call sites instead of changing the shared default.

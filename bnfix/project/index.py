@@ -238,7 +238,7 @@ class ProjectIndex:
         self._busy.add(key)
         out: list[Reach] = []
         for build in function.bn:
-            args = {name: value.at(summary.path) if value.kind != "p" else value
+            args = {name: value.at(summary.path) if value.kind not in ("p", "n") else value
                     for name, value in build.args.items()}
             out.append(Reach(build.api, build.qualname, summary.path, build.loc, args, (),
                              build.unpacked, opt_out=build.opt_out))
@@ -275,10 +275,10 @@ class ProjectIndex:
                 args: dict[str, Ref] = {}
                 settable: dict[str, str] = {}
                 for name, value in reached.args.items():
-                    if value.kind == "p":
+                    if value.kind in ("p", "n"):
                         bound, passed = self.bind(callee, target.bound, call, value.value,
                                                   callee_summary.path, summary.path)
-                        args[name] = bound
+                        args[name] = bound.negated() if value.kind == "n" else bound
                         if not passed and callee.param(value.value) is not None:
                             settable[name] = value.value
                     else:
@@ -387,7 +387,7 @@ class ProjectIndex:
 
 
 def _mark(value: Ref, path: str) -> Ref:
-    return value if value.kind == "p" else value.at(path)
+    return value if value.kind in ("p", "n") else value.at(path)
 
 
 __all__ = ["MODULE_SCOPE", "Caller", "ProjectIndex", "Reach", "Target"]

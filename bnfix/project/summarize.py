@@ -36,10 +36,12 @@ def ref(value: Value | None, function: FunctionInfo | None) -> Ref:
     if isinstance(value, Const):
         if isinstance(value.value, _JSON_SCALARS) and not (
                 isinstance(value.value, float) and value.value != value.value):
-            return Ref("c", value.value, loc(value.span) if value.span else None)
+            return Ref("nc" if value.negated else "c", value.value,
+                       loc(value.span) if value.span else None)
         return Ref("u", value.text, loc(value.span) if value.span else None)
     if isinstance(value, FromParam) and value.function is function:
-        return Ref("p", value.name, loc(value.span) if value.span else None)
+        return Ref("n" if value.negated else "p", value.name,
+                   loc(value.span) if value.span else None)
     if isinstance(value, (Unknown, FromParam)):
         text = value.text if isinstance(value, Unknown) else value.name
         return Ref("u", text, loc(value.span) if value.span else None)

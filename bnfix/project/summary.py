@@ -31,14 +31,24 @@ class Ref:
     where it is written; `path` is set once the value has been carried into another module's
     context (the file `loc` is in)."""
 
-    kind: str
+    kind: str  # c | p | u, and `nc` / `n`: a literal / parameter reached through `not`
     value: Any = None
     loc: Loc | None = None
     path: str | None = None
 
+    def negated(self) -> Ref:
+        """`not` of this value: a literal flipped (its written text is then the negation:
+        kind `nc`), a parameter marked `n`, anything else unknown."""
+        flip = {"c": "nc", "nc": "c", "p": "n", "n": "p"}
+        if self.kind in ("c", "nc"):
+            return Ref(flip[self.kind], not self.value, self.loc, self.path)
+        if self.kind in ("p", "n"):
+            return Ref(flip[self.kind], self.value, self.loc, self.path)
+        return Ref("u", f"not ({self.value})", self.loc, self.path)
+
     def at(self, path: str) -> Ref:
         """The same value, marked as written in `path` (when it is not marked yet)."""
-        return self if self.path is not None or self.kind == "p" else Ref(self.kind, self.value,
+        return self if self.path is not None or self.kind in ("p", "n") else Ref(self.kind, self.value,
                                                                           self.loc, path)
 
     def to_data(self) -> list[Any]:

@@ -364,10 +364,11 @@ class ProjectView:
         """A Ref in the terms of `function` (its `p` Refs name its parameters)."""
         where = None if ref.path in (None, self.path) else ref.path
         sp = span(ref.loc) if ref.loc else None
-        if ref.kind == "p" and function is not None and ref.value in function.params:
-            return FromParam(function, ref.value, sp if where is None else None)
-        if ref.kind == "c":
-            return Const(ref.value, repr(ref.value), sp, where)
+        if ref.kind in ("p", "n") and function is not None and ref.value in function.params:
+            return FromParam(function, ref.value, sp if where is None else None, ref.kind == "n")
+        if ref.kind in ("c", "nc"):
+            return Const(ref.value, repr(not ref.value if ref.kind == "nc" else ref.value), sp,
+                         where, ref.kind == "nc")
         return Unknown(str(ref.value), sp, where=where)
 
     def attach(self, resolver: Resolver, module: ModuleIR) -> None:
@@ -393,9 +394,10 @@ class ProjectView:
                 ))
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:
-            for call in self.context.calls.get((self.module_id, function.qualname), ()):
+            foreign = self.context.calls.get((self.module_id, function.qualname), [])
+            for call in foreign:
                 function.call_sites.append(self._call_site(call, function, CALLER_DEPTH))
-            self._frozen_params(resolver, module, function)
+            self._frozen_params(resolver, module, function, foreign)
         module.project_notes.extend(self.context.notes)
         module.project_marks = [Mark(kind, span(lc), path, function)
                                 for kind, path, lc, function in self.context.marks]
@@ -448,18 +450,21 @@ class ProjectView:
                     receiver, f"{{target}}.{raw.kind}()", resolver.text.span(raw.call),
                     resolver.statement(raw.stmt), raw.ctx.function, None))
 
-    def _frozen_params(self, resolver: Resolver, module: ModuleIR, function: FunctionInfo) -> None:
+    def _frozen_params(self, resolver: Resolver, module: ModuleIR, function: FunctionInfo,
+                       calls: list[ForeignCall]) -> None:
         """A parameter that callers in other files pass a model frozen at construction holds a
         frozen model; an `__init__` that stores it in `self.<attr>` makes that attribute one.
         The freeze is named, not re-applied by a fix: what decides it is in the other file."""
-        for site in function.call_sites:
-            for fact in site.facts:
-                if not fact.startswith("frozen:") or not site.where:
+        for call in calls:
+            written = dict(call.call.texts)
+            for fact in call.facts:
+                if not fact.startswith("frozen:") or call.path == self.path:
                     continue
                 name, _, rest = fact[len("frozen:"):].partition("=")
                 text, klass, place = rest.split("|")
-                for param, value in site.args.items():
-                    if getattr(value, "text", None) != name:
+                for key, arg in written.items():
+                    param = self._param_of(function, key, call.bound)
+                    if arg != name or param is None:
                         continue
                     origin = (f"applied at construction by `{klass}(...)` to the model built "
                               f"at {place} and passed as `{param}`")
@@ -468,6 +473,16 @@ class ProjectView:
                             target, text, resolver.text.span(stmt),
                             resolver.statement(stmt, compound_ok=True), function, None,
                             origin=origin, reapplicable=False))
+
+    @staticmethod
+    def _param_of(function: FunctionInfo, key: str, bound: bool) -> str | None:
+        """The parameter an argument key (`name` or `#i`) of a call binds."""
+        if not key.startswith("#"):
+            return key if key in function.params else None
+        ordered = sorted((p for p in function.params.values() if p.positional),
+                         key=lambda p: p.index)[1 if bound else 0:]
+        position = int(key[1:])
+        return ordered[position].name if position < len(ordered) else None
 
     @staticmethod
     def _holders(resolver: Resolver, function: FunctionInfo,
@@ -513,13 +528,14 @@ class ProjectView:
     def _foreign(self, ref: Ref, caller: FunctionInfo | None, path: str) -> Value:
         """A value written in another file (or this one), in the terms of its caller."""
         sp = span(ref.loc) if ref.loc else None
-        if ref.kind == "p" and caller is not None and ref.value in caller.params:
-            return FromParam(caller, ref.value, None)
+        if ref.kind in ("p", "n") and caller is not None and ref.value in caller.params:
+            return FromParam(caller, ref.value, None, ref.kind == "n")
         where = ref.path or path
         if where == self.path:
             where = None
-        if ref.kind == "c":
-            return Const(ref.value, repr(ref.value), sp, where)
+        if ref.kind in ("c", "nc"):
+            return Const(ref.value, repr(not ref.value if ref.kind == "nc" else ref.value), sp,
+                         where, ref.kind == "nc")
         return Unknown(str(ref.value), sp, where=where)
 
     def _proxy(self, key: Key, depth: int) -> FunctionInfo | None:

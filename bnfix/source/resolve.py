@@ -40,6 +40,7 @@ from bnfix.ir import (
     VarsExpr,
     VarsTerm,
     is_const,
+    negate,
 )
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
@@ -746,6 +747,10 @@ class Resolver:
             if len(defs) == 1 and defs[0][0] == "assign":
                 owner = function if local else None
                 return self.value(defs[0][1], owner, depth + 1)
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not) and depth < TRACE_DEPTH:
+            inner = self.value(expr.operand, function, depth + 1)
+            if isinstance(inner, (Const, FromParam)):
+                return negate(inner)
         if isinstance(expr, ast.BinOp) and type(expr.op) in _ARITHMETIC and depth < TRACE_DEPTH:
             left = self.value(expr.left, function, depth + 1)
             right = self.value(expr.right, function, depth + 1)
