@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
                                                   "(runs your code)"))
-    from bnfix.doctor.command import add_arguments as doctor_arguments
+    from bnfix.doctor.arguments import add_arguments as doctor_arguments
 
     doctor_arguments(sub.add_parser(
         "doctor", help="run a training command with BN monitors and diagnose BN (runs your code)",
