@@ -148,6 +148,10 @@ class Engine:
         self.all_syntax_errors = all_syntax_errors
         self.targets = dict(targets) if targets else {"tensorflow": CURRENT_TENSORFLOW}
         self.target_explicit = False  # the target comes from configuration or the project's pins
+        # the project root when no target is configured: a file's folder (or its parents up
+        # to it) may pin TensorFlow on its own (a `tf2/requirements.txt` beside TF1 pins)
+        self.pin_root: str | None = None
+        self._pins: dict[Path, tuple[int, ...] | None] = {}
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
         by_code = {code: tuple(sorted(set(self._words(book.rules[code].triggers))))
                    for code in sorted(enabled - ENGINE_CODES)}
@@ -203,6 +207,13 @@ class Engine:
                                                       context)
         module.targets = self.targets
         module.target_explicit = self.target_explicit
+        if self.pin_root is not None:
+            from bnfix.project.pins import nearest_pin
+
+            pinned = nearest_pin(Path(path).resolve().parent, Path(self.pin_root), self._pins)
+            if pinned is not None:  # UNVERSIONED (()): required without a pin, as if unpinned
+                module.targets = {**self.targets, "tensorflow": pinned or CURRENT_TENSORFLOW}
+                module.target_explicit = bool(pinned)
         module.in_package = context is not None and (context.package or "." in context.import_name)
         return Lifted(source, module, resolver, hashlib.sha256(text.encode()).hexdigest())
 

@@ -84,6 +84,9 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
     engine = Engine(book, enabled, settings.targets,
                     options.all_syntax_errors or settings.all_syntax_errors)
     engine.target_explicit = settings.target_origin != "default"
+    if settings.target_origin != "configured":
+        engine.pin_root = str(project_root([start], settings.root if settings.source is not None
+                                           else None).resolve())
     return book, settings, engine
 
 

@@ -94,11 +94,30 @@ def _keras3(site: BNSite, module: ModuleIR) -> bool:
     return _tensorflow(module) >= KERAS3_TENSORFLOW and not module.legacy_keras
 
 
+def _switched_by_callers(module: ModuleIR, depth: int = 3) -> bool:
+    """Whether a module that calls this one's functions (up to `depth` calls away, in other
+    files) switches TensorFlow to graph mode: the entry script usually does, then calls in."""
+    frontier = [f for f in module.functions if f.call_sites]
+    for _ in range(depth):
+        following = []
+        for function in frontier:
+            for site in function.call_sites:
+                if site.where and "graph_switch" in site.facts:
+                    return True
+                if site.caller is not None:
+                    following.append(site.caller)
+        frontier = following
+    return False
+
+
 @check("BN011")
 def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
     if not module.graph_mode:
         return
-    marker = module.graph_mode[0]
+    switches = [m for m in module.graph_mode if m.kind == "graph_switch"]
+    if not switches and not _switched_by_callers(module):
+        return  # Session/placeholder and no switch where it runs: TF1-only code (eager on TF 2)
+    marker = (switches or module.graph_mode)[0]
     calls: set[Span] = set()
     for site in module.all_bn_sites():
         if not _keras3(site, module) or (site.origin is not None and site.span in calls):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
+import re
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ from bnfix.project.session import (
     dependency_cone,
     digest_of,
     interesting_names,
+    interesting_pairs,
     module_edges,
     reverse,
 )
@@ -36,14 +40,16 @@ from bnfix.project.summary import SummaryStore, summary_text
 from bnfix.project.view import file_context
 from bnfix.project.workers import InProcess, Processes
 from bnfix.rulebook import load_rulebook
+from bnfix.source.reader import Skipped, SourceError, decode, read_source
 
 PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
 
 
 def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], all_syntax: bool,
-                explicit: bool, max_bytes: int) -> Worker:
+                explicit: bool, max_bytes: int, pin_root: str | None = None) -> Worker:
     engine = Engine(load_rulebook(), enabled, targets, all_syntax)
     engine.target_explicit = explicit
+    engine.pin_root = pin_root
     return Worker(engine, max_bytes)
 
 
@@ -75,6 +81,8 @@ class ProjectRunner:
         self.max_bytes = max_bytes
         self.notes: list[str] = []
         self.store = SummaryStore()
+        self._mentioned: set[str] = set()  # unparsable files that use first-party BN code
+        self._pairs: set[tuple[str, str]] | None = None
         self._registers = {spec.id: spec.registers for spec in engine.catalogue_ids.values()
                            if spec.registers}
         self._pool: InProcess | Processes | None = None
@@ -111,7 +119,8 @@ class ProjectRunner:
             size = max(1, min(self.jobs, 8)) if count >= PARALLEL_THRESHOLD else 1
             factory = functools.partial(make_worker, self.engine.enabled, self.engine.targets,
                                         self.engine.all_syntax_errors,
-                                        self.engine.target_explicit, self.max_bytes)
+                                        self.engine.target_explicit, self.max_bytes,
+                                        self.engine.pin_root)
             self._pool = Processes(size, factory) if size > 1 else InProcess(factory)
             assert self._modules is not None
             tops = self._modules.first_party_tops()
@@ -167,7 +176,7 @@ class ProjectRunner:
             if not names:
                 break
             checked = hashlib.sha256(" ".join(names).encode()).hexdigest()[:20]
-            candidates = [p for p in plans if not p.summarised and not _failed(p)
+            candidates = [p for p in plans if not p.summarised and p.absolute not in self._mentioned
                           and not (p.entry is not None and p.entry.checked == checked)]
             if not candidates:
                 break
@@ -176,7 +185,10 @@ class ProjectRunner:
             for path, hit in pool.run("mentions", [(p.worker, (p.absolute, names))
                                                    for p in candidates]):
                 plan = by_path[path]
-                if hit:
+                if hit and _failed(plan):
+                    if self._uses_bn_code(path):
+                        self._mentioned.add(path)  # does not parse: BN900 is worth reporting
+                elif hit:
                     found.append(plan)
                 elif self.cache is not None and plan.entry is not None:
                     plan.entry.checked = checked
@@ -186,6 +198,19 @@ class ProjectRunner:
             self._collect(pool.run("summarise_file", [
                 (p.worker, (p.absolute, p.ref, True, p.reported, None)) for p in found]), by_path)
             project = digest_of(self.store.digests, set(self.store.digests))
+
+    def _uses_bn_code(self, path: str) -> bool:
+        """Whether a file that does not parse names first-party BN code with its module
+        (`resnet` and `inference`): the rules would read it, so BN900 is worth reporting."""
+        if self._pairs is None:
+            assert self._modules is not None
+            self._pairs = interesting_pairs(ProjectIndex(self.store, self._modules))
+        try:
+            text = decode(read_source(path, self.max_bytes)).text
+        except (Skipped, SourceError):
+            return False
+        words = _code_names(text)
+        return any(module in words and name in words for module, name in self._pairs)
 
     def _names(self, project: str) -> tuple[str, ...]:
         """The names that make a file worth summarising (cached per set of summaries)."""
@@ -262,6 +287,7 @@ class ProjectRunner:
             if plan.done is not None and plan.done.error is not None:
                 error = plan.done.error
                 if plan.done.relevant or self.engine.all_syntax_errors or \
+                        plan.absolute in self._mentioned or \
                         any(d.code == "BN901" for d in error.diagnostics):
                     yield self._error(plan)  # BN901 always; BN900 where a rule reads the file
                 else:  # summarised only because it names a first-party BN builder
@@ -332,6 +358,21 @@ class ProjectRunner:
 def _has_fixes(diagnostics: list[Diagnostic], unsafe: bool) -> bool:
     return any(d.fixable and (unsafe or d.fix.applicability is Applicability.SAFE)  # type: ignore[union-attr]
                for d in diagnostics)
+
+
+def _code_names(text: str) -> set[str]:
+    """The names written in code (not in strings or comments); Python 2 sources tokenize
+    too, mostly: what follows a token error is read as plain words."""
+    names: set[str] = set()
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.NAME:
+                names.add(token.string)
+    except (tokenize.TokenError, SyntaxError, IndentationError) as exc:
+        row = getattr(exc, "lineno", None) or (exc.args[1][0] if len(exc.args) > 1 else 0)
+        rest = "\n".join(text.splitlines()[max(row - 1, 0):])
+        names.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", rest))
+    return names
 
 
 def _failed(plan: Plan) -> bool:

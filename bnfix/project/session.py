@@ -197,7 +197,13 @@ def interesting_names(index: ProjectIndex) -> set[str]:
     """Names through which another file can reach BN or BN facts: the module-level functions
     and the classes whose call builds BN, or that carry facts (methods are reached through
     their class, so their names — `forward`, `build` — are not searched for)."""
-    names: set[str] = set()
+    return {name for _, name in interesting_pairs(index)}
+
+
+def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
+    """`interesting_names` with the last part of the defining module's name: a file that
+    mentions both uses that code (a generic name such as `main` alone says little)."""
+    pairs: set[tuple[str, str]] = set()
     for module in list(index.summaries):
         summary = index.summaries.get(module)
         if summary is None:
@@ -206,11 +212,11 @@ def interesting_names(index: ProjectIndex) -> set[str]:
             if function.qualname == MODULE_SCOPE or "<locals>" in function.qualname:
                 continue
             if function.facts or index.reach(module, function.qualname):
-                names.add(function.class_name or function.name)
+                pairs.add((module.rsplit(".", 1)[-1], function.class_name or function.name))
         for klass in summary.classes.values():
             if klass.facts:
-                names.add(klass.name)
-    return {n for n in names if n.isidentifier()}
+                pairs.add((module.rsplit(".", 1)[-1], klass.name))
+    return {(m, n) for m, n in pairs if n.isidentifier()}
 
 
 def module_edges(index: ProjectIndex, module: str) -> list[str]:

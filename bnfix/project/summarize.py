@@ -238,6 +238,8 @@ class Summarizer:
         facts = {f"train:{m.target}" for m in self.module.mode_calls if m.kind == "train"}
         if self.module.loss_scaled_per_tower:
             facts.add("loss_scaled_per_tower")
+        if any(m.kind == "graph_switch" for m in self.module.graph_mode):
+            facts.add("graph_switch")
         return facts
 
     def class_facts(self, name: str) -> set[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import functools
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from bnfix.ir import Block, FunctionInfo, Param, WithItem
@@ -566,8 +567,10 @@ class Walker:
                     if spec is not None:
                         self.arg_scoped.add(spec.id)
                         self.marks.append((f"arg_scope:{spec.id}", call, ctx))
-            elif kind == "graph_mode":
-                self.markers.append(("graph_mode", call))
+            elif kind in ("graph_mode", "graph_switch"):
+                self.markers.append((kind, call))
+                if kind == "graph_switch":
+                    self.marks.append(("graph_switch", call, ctx))
                 if not (self.imports.qualname(func) or "").startswith("tensorflow.compat."):
                     self.uses_tf1_api = True  # `tf.Session()`: TF1 code (TF2 lacks it)
             elif kind == "add_to_collection" and call.args:
@@ -615,7 +618,8 @@ class Walker:
                 self.run_raw.append(raw)
             elif attr == "as_default" and isinstance(func.value, ast.Call) and \
                     self.vocab.fn_kind.get(self.qualname(func.value.func) or "") == "graph":
-                self.markers.append(("graph_mode", call))
+                self.markers.append(("graph_switch", call))
+                self.marks.append(("graph_switch", call, ctx))
             elif attr in ("extend", "append") and isinstance(func.value, ast.Name) and call.args:
                 self.defs[(fkey(ctx.function), func.value.id)].append(
                     ("accumulate", call.args[0], stmt))
@@ -648,11 +652,21 @@ class Walker:
                     and literal):
                 self.marks.append(("loads_weights", call, ctx))
             elif kw.arg in self.vocab.collection_keywords:
-                for node in ast.walk(kw.value):
+                for node in self._collection_nodes(kw.value, ctx):
                     if isinstance(node, ast.Attribute):
                         key = self.vocab.collections.get(self.qualname(node) or "")
                         if key is not None:
                             self.marks.append((f"registers:{key}", call, ctx))
+
+
+    def _collection_nodes(self, value: ast.expr, ctx: Ctx) -> Iterator[ast.AST]:
+        """The nodes of a `collections=` value, through a local list assigned before it in the
+        same function (`moving_collections = [..., GraphKeys.MOVING_AVERAGE_VARIABLES]`)."""
+        yield from ast.walk(value)
+        if isinstance(value, ast.Name):
+            for _, assigned, _ in self.defs.get((fkey(ctx.function), value.id), ()):
+                if isinstance(assigned, (ast.List, ast.Tuple, ast.Set)):
+                    yield from ast.walk(assigned)
 
 
 @functools.cache
