@@ -27,11 +27,32 @@ class ShiftedBatchNorm2d(nn.BatchNorm2d):
 
 
 class FunctionalBatchNorm2d(nn.BatchNorm2d):
-    """A BN subclass whose forward bypasses super().forward: cannot be synced faithfully."""
+    """A BN subclass whose forward calls F.batch_norm itself, never super().forward."""
 
     def forward(self, x: Tensor) -> Tensor:
         return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight,
                                         self.bias, self.training, 0.1, self.eps)
+
+
+class EvalSuperBatchNorm2d(nn.BatchNorm2d):
+    """super().forward in eval mode only, F.batch_norm in training: a name check is fooled."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(x)
+        return nn.functional.batch_norm(x, None, None, self.weight, self.bias, True)
+
+
+class ManualBatchNorm2d(nn.BatchNorm2d):
+    """Computes its statistics by hand (and calls super().forward in eval): nothing to sync."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(x)
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = x.var((0, 2, 3), unbiased=False, keepdim=True)
+        return (x - mean) / (var + self.eps).sqrt() * self.weight.view(1, -1, 1, 1) + \
+            self.bias.view(1, -1, 1, 1)
 
 
 def _hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
@@ -120,24 +141,40 @@ def test_subclass_is_kept_and_its_super_forward_is_synced() -> None:
     assert type(other) is type(bn)
 
 
-def test_subclass_bypassing_super_forward_is_refused() -> None:
-    model = nn.Sequential(nn.BatchNorm2d(3), FunctionalBatchNorm2d(3))
+def _synced_calls(module: nn.Module, x: Tensor) -> list[str]:
+    """The collectives one training step of `module` makes (one-rank probe)."""
+    from bnfix.torch.functional import probing
+
+    with probing() as probe:
+        module.train()(x.requires_grad_(True)).sum().backward()
+    return probe.calls
+
+
+def test_subclasses_are_judged_by_what_their_forward_does() -> None:
+    """Not by whether the code says super().forward: F.batch_norm callers are synced, a
+    forward that computes its own statistics is refused."""
+    model = nn.Sequential(FunctionalBatchNorm2d(3), EvalSuperBatchNorm2d(3),
+                          ManualBatchNorm2d(3))
     report = bt.ConversionReport()
     bt.convert_sync(model, report=report)
-    assert type(model[1]) is FunctionalBatchNorm2d
+    assert [r.path for r in report.converted] == ["0", "1"]
+    assert isinstance(model[0], FunctionalBatchNorm2d) and isinstance(model[0], bt.SyncBatchNorm)
+    for layer in model[:2]:
+        assert _synced_calls(layer, torch.randn(4, 3, 2, 2)) == ["all_gather", "all_reduce"]
+    assert type(model[2]) is ManualBatchNorm2d
     [refused] = report.refused
-    assert (refused.path, refused.from_class) == ("1", "FunctionalBatchNorm2d")
-    assert "does not call super().forward()" in refused.reason
-    assert "refused" in str(report) and "FunctionalBatchNorm2d" in str(report)
+    assert (refused.path, refused.from_class) == ("2", "ManualBatchNorm2d")
+    assert "0 synced batch_norm calls" in refused.reason
+    assert "refused" in str(report) and "ManualBatchNorm2d" in str(report)
 
 
 def test_strict_refuses_atomically() -> None:
-    model = nn.Sequential(nn.BatchNorm2d(3), FunctionalBatchNorm2d(3), nn.LazyBatchNorm1d())
+    model = nn.Sequential(nn.BatchNorm2d(3), ManualBatchNorm2d(3), nn.LazyBatchNorm1d())
     with pytest.raises(bt.ConversionRefused) as info:
         bt.convert_sync(model, strict=True)
     message = str(info.value)
     assert "2 module(s) refused" in message
-    assert "1 (FunctionalBatchNorm2d)" in message and "2 (LazyBatchNorm1d)" in message
+    assert "1 (ManualBatchNorm2d)" in message and "2 (LazyBatchNorm1d)" in message
     assert [r.path for r in info.value.records] == ["1", "2"]
     assert type(model[0]) is nn.BatchNorm2d  # nothing converted
 
@@ -320,10 +357,10 @@ def test_fold_refuses_what_it_cannot_see_or_fold_exactly() -> None:
 
 def test_report_table_lists_every_record() -> None:
     report = bt.ConversionReport()
-    bt.convert_sync(nn.Sequential(nn.BatchNorm1d(2), FunctionalBatchNorm2d(2)), report=report)
+    bt.convert_sync(nn.Sequential(nn.BatchNorm1d(2), ManualBatchNorm2d(2)), report=report)
     lines = str(report).splitlines()
     assert lines[0].split() == ["action", "status", "module", "from", "to", "note"]
     assert lines[1].split()[:5] == ["convert_sync", "converted", "0", "BatchNorm1d",
                                     "SyncBatchNorm"]
-    assert lines[2].split()[:4] == ["convert_sync", "refused", "1", "FunctionalBatchNorm2d"]
+    assert lines[2].split()[:4] == ["convert_sync", "refused", "1", "ManualBatchNorm2d"]
     assert lines[-1] == "1 converted, 1 refused"
