@@ -79,7 +79,8 @@ def outcome(module: nn.Module, action: str) -> str:
 
 def _target_for(site: Site, action: str, behaviour: type[_BatchNorm], kind: str,
                 make_forward: Callable[[type[nn.Module]], Callable[..., object]],
-                check: Callable[[nn.Module, Callable[[nn.Module], None]], str | None],
+                check: Callable[[nn.Module, Callable[[nn.Module], None], type[nn.Module]],
+                                str | None],
                 attrs: dict[str, object]) -> Step | None:
     """`behaviour` itself for a plain BN class; a derived class when its probe is exact; else a
     refusal with the catalogue's or the probe's reason."""
@@ -101,7 +102,7 @@ def _target_for(site: Site, action: str, behaviour: type[_BatchNorm], kind: str,
         target = derived_class(cls, behaviour, kind, make_forward)
     except TypeError as exc:
         return Step(site, None, f"cannot combine {cls.__name__} with {behaviour.__name__}: {exc}")
-    problem = check(module, lambda twin: swap_class(twin, target, kind, attrs))
+    problem = check(module, lambda twin: swap_class(twin, target, kind, attrs), target)
     if problem is not None:
         return Step(site, None, problem)
     return Step(site, target, f"derived class: {cls.__name__}'s own forward and attributes "
