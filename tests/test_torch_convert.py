@@ -285,7 +285,7 @@ def _randomise(model: nn.Module) -> nn.Module:
     torch.manual_seed(1)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.copy_(torch.randn_like(m.running_mean))
                 m.running_var.copy_(torch.rand_like(m.running_var) + 0.5)
                 if m.affine:
@@ -323,6 +323,8 @@ def test_fold_in_train_mode_raises() -> None:
 
 
 class _Functional(nn.Module):
+    """conv -> bn in a hand-written forward: found by tracing, not by Sequential order."""
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 3, 1)
@@ -332,27 +334,75 @@ class _Functional(nn.Module):
         return self.bn(self.conv(x))
 
 
-def test_fold_refuses_what_it_cannot_see_or_fold_exactly() -> None:
+class _Branching(nn.Module):
+    """The conv output feeds the BN and a residual add: folding would change the add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+class _Untraceable(nn.Module):
+    """Python control flow on a tensor value: torch.fx cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.bn(self.conv(x)) if x.sum() > -1e9 else x
+
+
+def test_fold_follows_the_traced_graph_and_refuses_what_is_not_exact() -> None:
     shared = nn.BatchNorm2d(3)
-    model = nn.Sequential(
-        _Functional(),  # functional forward: not traced
-        nn.Conv2d(3, 3, 1), shared, nn.Conv2d(3, 3, 1), shared,  # shared BN
-        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3, track_running_stats=False),
-        nn.Conv2d(3, 3, 1), ShiftedBatchNorm2d(3),
-        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3),
-    ).eval()
+    model = _randomise(nn.Sequential(
+        _Functional(),  # 0: hand-written forward: traced, folded
+        nn.Conv2d(3, 3, 1), shared, nn.Conv2d(3, 3, 1), shared,  # 2, 4: one BN called twice
+        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3, track_running_stats=False),  # 6
+        nn.Conv2d(3, 3, 1), ShiftedBatchNorm2d(3),  # 8: its shift kept after folding
+        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3),  # 10: hooked
+        _Branching(),  # 11.bn: the conv output is used twice
+        _Untraceable(),  # 12.bn: not traced
+        nn.ReLU(), nn.BatchNorm2d(3),  # 14: after a ReLU
+    ))
     model[10].register_forward_hook(_hook)
+    x = torch.randn(2, 3, 4, 4)
+    with torch.no_grad():
+        expected = model(x)
     report = bt.ConversionReport()
     bt.fold(model, report=report)
     reasons = {r.path: r.reason for r in report.refused}
-    assert "not traced" in reasons["0.bn"]
-    assert "shared" in reasons["2"]
+    assert {r.path for r in report.converted} == {"0.bn", "8"}, reasons
+    assert isinstance(model[0].bn, nn.Identity)
+    assert isinstance(model[8], ShiftedBatchNorm2d) and model[8].shift == 2.0
+    assert "called 2 times" in reasons["2"]
     assert "track_running_stats=False" in reasons["6"]
-    assert "own behaviour" in reasons["8"]
     assert "hooks" in reasons["10"]
-    assert not report.converted
-    with pytest.raises(bt.ConversionRefused, match="fold: 5 module"):
-        bt.fold(model, strict=True)
+    assert "feeds other consumers" in reasons["11.bn"]
+    assert "failed to trace" in reasons["12.bn"]
+    assert "comes from ReLU" in reasons["14"]
+    with torch.no_grad():
+        got = model(x)
+    assert (got - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
+    with pytest.raises(bt.ConversionRefused, match="fold: 6 module"):
+        bt.fold(_randomise(nn.Sequential(nn.Conv2d(3, 3, 1), shared, nn.Conv2d(3, 3, 1), shared,
+                                         _Branching(), _Untraceable(), nn.ReLU(),
+                                         nn.BatchNorm2d(3), nn.BatchNorm2d(3,
+                                         track_running_stats=False), nn.Conv2d(3, 3, 1),
+                                         ManualEval(3))), strict=True)
+
+
+class ManualEval(nn.BatchNorm2d):
+    """Ignores its statistics in eval mode: no per-channel affine map of them to fold."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * 2
 
 
 def test_report_table_lists_every_record() -> None:

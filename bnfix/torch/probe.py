@@ -165,7 +165,7 @@ def check_frozen(module: nn.Module, convert: Callable[[nn.Module], None]) -> str
     return None if problem is None else f"in training mode it is not the eval-mode original: {problem}"
 
 
-def bn_affine(module: nn.Module) -> tuple[Tensor, Tensor]:
+def bn_affine(module: nn.Module, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
     """(a, b), computed in float64, with eval-mode BN(x) = x * a + b per channel."""
     scale = torch.rsqrt(module.running_var.double() + module.eps)  # type: ignore[union-attr]
     weight = getattr(module, "weight", None)
@@ -175,7 +175,7 @@ def bn_affine(module: nn.Module) -> tuple[Tensor, Tensor]:
     shift = -module.running_mean.double() * scale  # type: ignore[union-attr]
     if bias is not None:
         shift = shift + bias.double()
-    return scale.detach().float(), shift.detach().float()
+    return scale.detach().to(dtype), shift.detach().to(dtype)
 
 
 def _affine(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
