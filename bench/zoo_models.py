@@ -92,7 +92,7 @@ class ZooModel:
     library: str
     kind: str
     build: Callable[[], nn.Module]
-    size: int = 64
+    size: int = 32
 
     def inputs(self, batch: int, seed: int = 0) -> Any:
         gen = torch.Generator().manual_seed(seed)
@@ -101,8 +101,8 @@ class ZooModel:
 
 
 # torchvision models whose smallest input is larger than 64 (or that need an exact size)
-_TV_SIZE = {"inception_v3": 96, "googlenet": 64, "vit_b_16": 224, "vit_b_32": 224,
-            "vit_l_16": 224, "vit_l_32": 224, "vit_h_14": 224, "swin_t": 64, "maxvit_t": 224}
+_TV_SIZE = {"inception_v3": 96, "vit_b_16": 224, "vit_b_32": 224, "vit_l_16": 224,
+            "vit_l_32": 224, "vit_h_14": 224, "maxvit_t": 224}
 _TV_DETECTION_KW: dict[str, Any] = {"weights": None, "weights_backbone": None,
                                     "num_classes": 5, "min_size": 96, "max_size": 128}
 
@@ -127,7 +127,7 @@ def torchvision_models(kinds: tuple[str, ...] = ("classification", "segmentation
                     extra = {"aux_logits": False, "init_weights": True}
                 return tv.models.get_model(name, weights=None, num_classes=10 if kind ==
                                            "classification" else 5, **extra)
-            size = _TV_SIZE.get(name, 64)
+            size = _TV_SIZE.get(name, 32)
             if kind == "detection":
                 size = 320 if name.startswith("ssd300") else 96 if not name.startswith(
                     "ssdlite") else 96
@@ -137,17 +137,17 @@ def torchvision_models(kinds: tuple[str, ...] = ("classification", "segmentation
 
 # A broad timm set: every family with BN or BN+act layers the original trial had, and more.
 TIMM_MODELS: dict[str, int] = {
-    "resnet18": 64, "resnet50": 64, "resnext50_32x4d": 64, "seresnet50": 64,
-    "efficientnet_b0": 64, "efficientnet_lite0": 64, "tf_efficientnet_b0": 64,
-    "mobilenetv2_100": 64, "mobilenetv3_large_100": 64, "mobilenetv3_small_100": 64,
-    "mixnet_s": 64, "mnasnet_100": 64, "fbnetc_100": 64, "spnasnet_100": 64,
-    "ghostnet_100": 64, "lcnet_050": 64, "tinynet_a": 64, "hardcorenas_a": 64,
-    "regnetx_002": 64, "regnety_002": 64, "repvgg_a0": 64, "mobileone_s0": 64,
-    "fastvit_t8": 64, "levit_128s": 224, "convnext_atto": 64, "densenet121": 64,
-    "dla34": 64, "dpn68": 64, "hrnet_w18_small": 64, "cspresnet50": 64,
-    "cspdarknet53": 64, "darknet53": 64, "rexnet_100": 64, "vgg11_bn": 64,
-    "inception_v3": 96, "res2net50_14w_8s": 64, "selecsls42b": 64, "efficientvit_b0": 64,
-    "mobilevit_xxs": 64, "resnetv2_50": 64, "ese_vovnet19b_dw": 64, "gernet_s": 64,
+    "resnet18": 32, "resnet50": 32, "resnext50_32x4d": 32, "seresnet50": 32,
+    "efficientnet_b0": 32, "efficientnet_lite0": 32, "tf_efficientnet_b0": 32,
+    "mobilenetv2_100": 32, "mobilenetv3_large_100": 32, "mobilenetv3_small_100": 32,
+    "mixnet_s": 32, "mnasnet_100": 32, "fbnetc_100": 32, "spnasnet_100": 32,
+    "ghostnet_100": 32, "lcnet_050": 32, "tinynet_a": 32, "hardcorenas_a": 32,
+    "regnetx_002": 32, "regnety_002": 32, "repvgg_a0": 32, "mobileone_s0": 32,
+    "fastvit_t8": 32, "levit_128s": 224, "convnext_atto": 32, "densenet121": 32,
+    "dla34": 32, "dpn68": 32, "hrnet_w18_small": 32, "cspresnet50": 32,
+    "cspdarknet53": 32, "darknet53": 32, "rexnet_100": 32, "vgg11_bn": 32,
+    "inception_v3": 96, "res2net50_14w_8s": 32, "selecsls42b": 32, "efficientvit_b0": 32,
+    "mobilevit_xxs": 32, "resnetv2_50": 32, "ese_vovnet19b_dw": 32, "gernet_s": 32,
 }
 
 
