@@ -39,15 +39,13 @@ def _nms(dets: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     low = torch.maximum(boxes[:, None, :2], boxes[None, :, :2])
     high = torch.minimum(boxes[:, None, 2:], boxes[None, :, 2:])
     inter = (high - low).clamp(min=0).prod(2)
-    over = (inter / (area[:, None] + area[None, :] - inter) > iou_threshold).tolist()
-    removed = [False] * len(over)
+    over = (inter / (area[:, None] + area[None, :] - inter) > iou_threshold).triu(1)
+    removed = torch.zeros(len(boxes), dtype=torch.bool)
     keep = []
-    for i, row in enumerate(over):
-        if removed[i]:
-            continue
-        keep.append(i)
-        for j in range(i + 1, len(row)):
-            removed[j] = removed[j] or row[j]
+    for i in range(len(boxes)):
+        if not removed[i]:
+            keep.append(i)
+            removed |= over[i]
     return order[torch.tensor(keep, dtype=torch.long)]
 
 
@@ -121,8 +119,13 @@ def torchvision_models(kinds: tuple[str, ...] = ("classification", "segmentation
                     kwargs = dict(_TV_DETECTION_KW)
                     if name.startswith(("ssd", "ssdlite")):
                         kwargs = {"weights": None, "weights_backbone": None, "num_classes": 5}
+                    elif name.startswith(("fasterrcnn", "maskrcnn", "keypointrcnn")):
+                        kwargs.update(rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=50)
+                    else:  # retinanet, fcos
+                        kwargs.update(topk_candidates=100)
                     return tv.models.get_model(name, **kwargs)
-                extra = {"aux_loss": False} if kind == "segmentation" else {}
+                extra = {"aux_loss": False, "weights_backbone": None} if \
+                    kind == "segmentation" else {}
                 if name in ("googlenet", "inception_v3"):
                     extra = {"aux_logits": False, "init_weights": True}
                 return tv.models.get_model(name, weights=None, num_classes=10 if kind ==
@@ -143,12 +146,15 @@ TIMM_MODELS: dict[str, int] = {
     "mixnet_s": 32, "mnasnet_100": 32, "fbnetc_100": 32, "spnasnet_100": 32,
     "ghostnet_100": 32, "lcnet_050": 32, "tinynet_a": 32, "hardcorenas_a": 32,
     "regnetx_002": 32, "regnety_002": 32, "repvgg_a0": 32, "mobileone_s0": 32,
-    "fastvit_t8": 32, "levit_128s": 224, "convnext_atto": 32, "densenet121": 32,
+    "fastvit_t8": 32, "levit_128s": 64, "convnext_atto": 32, "densenet121": 32,
     "dla34": 32, "dpn68": 32, "hrnet_w18_small": 32, "cspresnet50": 32,
     "cspdarknet53": 32, "darknet53": 32, "rexnet_100": 32, "vgg11_bn": 32,
     "inception_v3": 96, "res2net50_14w_8s": 32, "selecsls42b": 32, "efficientvit_b0": 32,
     "mobilevit_xxs": 32, "resnetv2_50": 32, "ese_vovnet19b_dw": 32, "gernet_s": 32,
 }
+
+
+_TIMM_KW: dict[str, dict[str, Any]] = {"levit_128s": {"img_size": 64}}
 
 
 def timm_models(names: list[str] | None = None) -> list[ZooModel]:
@@ -157,7 +163,8 @@ def timm_models(names: list[str] | None = None) -> list[ZooModel]:
     for name in names or list(TIMM_MODELS):
         def build(name: str = name) -> nn.Module:
             torch.manual_seed(0)
-            return timm.create_model(name, pretrained=False, num_classes=10)
+            return timm.create_model(name, pretrained=False, num_classes=10,
+                                     **_TIMM_KW.get(name, {}))
         zoo.append(ZooModel(name, "timm", "classification", build, TIMM_MODELS.get(name, 64)))
     return zoo
 

@@ -1,0 +1,82 @@
+"""bnfix.torch on real torchvision and timm models (weights=None, 2x3x32x32 inputs).
+
+torchvision and timm are dev extras (pyproject `dev`, pinned in constraints.txt). The
+torchvision wheel on the package index is a CUDA build whose compiled ops do not load next to
+the CPU torch; bench/zoo_models.py imports it anyway by defining the two op schemas its import
+registers fake kernels for (torchvision::nms, ::qnms) and a CPU nms in plain torch, before the
+import, only when its _C does not load (see that module's docstring and docs/torch.md). Without
+torchvision or timm installed these tests skip, saying so.
+
+Per model: convert_sync leaves eval outputs bit-identical and revert_sync gives back the same
+classes and state; frozen BN in training mode equals the original in eval mode with running
+statistics untouched; fold folds at least as many BN as torch.fx's fuse and fuse_modules on the
+(conv, bn) pairs adjacent in registration order, within 1e-5; symbolic_trace works after
+convert_sync and freeze wherever it works on the original. A subset trains one step on 2 gloo
+ranks against the global batch on one process (test_zoo_sync.py). The full zoo runs in
+bench/zoo.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import zoo  # noqa: E402
+import zoo_models  # noqa: E402
+
+try:
+    zoo_models.import_timm()
+except ImportError as exc:  # pragma: no cover - dev extras not installed
+    pytest.skip(f"torchvision / timm not installed ({exc}): pip install -e '.[dev]'",
+                allow_module_level=True)
+
+FOLD_TOLERANCE = 1e-5
+TORCHVISION = ["resnet18", "mobilenet_v3_small", "googlenet", "shufflenet_v2_x0_5",
+               "regnet_x_400mf", "lraspp_mobilenet_v3_large",
+               "fasterrcnn_mobilenet_v3_large_320_fpn", "ssdlite320_mobilenet_v3_large"]
+TIMM = ["efficientnet_b0", "mobilenetv3_small_100", "repvgg_a0", "mobileone_s0", "fastvit_t8",
+        "levit_128s", "dla34", "ghostnet_100"]
+MODELS = {f"{m.library}:{m.name}": m
+          for m in zoo_models.torchvision_models() + zoo_models.timm_models(TIMM)
+          if m.library == "timm" or m.name in TORCHVISION}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: on a loaded 2-core machine OpenMP's spin-waits make a 32x32
+    forward 50x slower with 2 threads than with 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(MODELS))
+def test_zoo_model(key: str) -> None:
+    entry = MODELS[key]
+    model = entry.build().eval()
+    x = entry.inputs(2)
+    want = zoo.outputs(model, x)
+    sync = zoo.bnfix_sync(model, x, want)
+    assert sync["eval_exact"] and sync["revert_exact"]
+    freeze = zoo.bnfix_freeze(model, x, want)
+    assert freeze["eval_error"] == 0.0 and freeze["stats_kept"]
+    fold = zoo.bnfix_fold(model, x, want)
+    fx = zoo.fx_fuse(model, x, want)
+    ao = zoo.ao_fuse(model, x, want)
+    assert fold["eval_error"] <= FOLD_TOLERANCE
+    assert fold["folded"] >= (fx["folded"] or 0)
+    assert fold["folded"] >= (ao["folded"] or 0)
+    traceable = zoo.original_traces(model)
+    if traceable:
+        assert zoo.traces(sync["model"].eval(), x)
+        assert zoo.traces(freeze["model"], x)
+    print(f"\n{key}: {len(zoo.bn_sites(model))} BN; sync {sync['converted']}/"
+          f"{sync['refused']} refused; frozen {freeze['frozen']}/{freeze['refused']}; folded "
+          f"{fold['folded']} ({fold['eval_error']:.0e}) vs fx {fx['folded']} fuse_modules "
+          f"{ao['folded']}; fx-traceable {traceable}")
