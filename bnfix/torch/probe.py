@@ -72,10 +72,14 @@ def probe_input(module: nn.Module) -> Tensor | str:
     return f"its forward rejects (N, C, ...) inputs of rank 2 to 5 ({error.splitlines()[0]})"
 
 
+@torch.enable_grad()  # conversions may be called under no_grad
 def _run(module: nn.Module, x: Tensor, training: bool) -> _Run | str:
     _set_mode(module, training)
     xg = x.clone().requires_grad_(True)
-    out = module(xg)
+    try:
+        out = module(xg)
+    except Exception as exc:  # noqa: BLE001 - the module's own failure is the verdict
+        return f"its forward failed on the probe input: {type(exc).__name__}: {exc}"
     if not isinstance(out, Tensor) or out.shape[:2] != x.shape[:2]:
         return "its forward does not return one (N, C, ...) tensor"
     weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
