@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,10 @@ import torch.fx
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo_models  # noqa: E402
+import zoo_models
 
-import bnfix.torch as bt  # noqa: E402
-from bnfix.torch.swap import bn_sites  # noqa: E402
+import bnfix.torch as bt
+from bnfix.torch.swap import bn_sites
 
 _FUSABLE = {(nn.Conv1d, nn.BatchNorm1d), (nn.Conv2d, nn.BatchNorm2d),
             (nn.Conv3d, nn.BatchNorm3d), (nn.Linear, nn.BatchNorm1d)}
@@ -178,7 +179,7 @@ def fx_fuse(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:
 def registration_pairs(model: nn.Module) -> list[list[str]]:
     """(conv, bn) module paths adjacent in registration order, as fuse_modules users list them."""
     leaves = [(p, m) for p, m in model.named_modules() if not list(m.children())]
-    return [[a, b] for (a, ma), (b, mb) in zip(leaves, leaves[1:], strict=False)
+    return [[a, b] for (a, ma), (b, mb) in pairwise(leaves)
             if (type(ma), type(mb)) in _FUSABLE]
 
 
@@ -286,12 +287,12 @@ def totals(rows: list[Row]) -> str:
     worst_fold = max((r.fold["eval_error"] for r in rows), default=0.0)
     refusals = sorted({text for r in rows for part in ("sync", "freeze", "fold")
                        for text in getattr(r, part)["refusals"]})
-    lines = [f"{len(rows)} models, {bn} BN layers: synced {synced}, frozen {frozen}, "
-             f"folded {folded} (fx fuse {fx}, fuse_modules {ao}); worst fold error "
-             f"{worst_fold:.1e}; sync eval exact on "
-             f"{sum(r.sync['eval_exact'] for r in rows)}, revert exact on "
-             f"{sum(r.sync['revert_exact'] for r in rows)}",
-             "refusal reasons (class: reason):"]
+    summary = (f"{len(rows)} models, {bn} BN layers: synced {synced}, frozen {frozen}, "
+               f"folded {folded} (fx fuse {fx}, fuse_modules {ao}); worst fold error "
+               f"{worst_fold:.1e}; sync eval exact on "
+               f"{sum(r.sync['eval_exact'] for r in rows)}, revert exact on "
+               f"{sum(r.sync['revert_exact'] for r in rows)}")
+    lines = [summary, "refusal reasons (class: reason):"]
     lines += [f"  {text}" for text in refusals]
     return "\n".join(lines)
 

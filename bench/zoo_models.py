@@ -132,8 +132,7 @@ def torchvision_models(kinds: tuple[str, ...] = ("classification", "segmentation
                                            "classification" else 5, **extra)
             size = _TV_SIZE.get(name, 32)
             if kind == "detection":
-                size = 320 if name.startswith("ssd300") else 96 if not name.startswith(
-                    "ssdlite") else 96
+                size = 320 if name.startswith("ssd300") else 96
             zoo.append(ZooModel(name, "torchvision", kind, build, size))
     return zoo
 

@@ -25,8 +25,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import zoo  # noqa: E402
-import zoo_models  # noqa: E402
+import zoo
+import zoo_models
 
 try:
     zoo_models.import_timm()

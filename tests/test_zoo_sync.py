@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
-import zoo_models  # noqa: E402
+import zoo_models
 
 try:
     zoo_models.import_timm()
