@@ -204,6 +204,22 @@ def traces(model: nn.Module, x: Any) -> bool | None:
     return rel_error(outputs(graph, x), outputs(model, x)) == 0.0
 
 
+def feature_extractor_works(model: nn.Module, x: Any) -> bool:
+    """torchvision's create_feature_extractor builds (it traces in train and eval mode) and its
+    last node gives the model's output."""
+    from torchvision.models.feature_extraction import (
+        create_feature_extractor,
+        get_graph_node_names,
+    )
+
+    try:
+        _, nodes = get_graph_node_names(model)
+        extractor = create_feature_extractor(model, return_nodes={nodes[-1]: "out"}).eval()
+    except Exception:  # noqa: BLE001 - untraceable
+        return False
+    return rel_error(outputs(extractor, x), outputs(model.eval(), x)) == 0.0
+
+
 def original_traces(model: nn.Module) -> bool:
     try:
         torch.fx.symbolic_trace(copy.deepcopy(model))

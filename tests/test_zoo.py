@@ -10,8 +10,9 @@ torchvision or timm installed these tests skip, saying so.
 Per model: convert_sync leaves eval outputs bit-identical and revert_sync gives back the same
 classes and state; frozen BN in training mode equals the original in eval mode with running
 statistics untouched; fold folds at least as many BN as torch.fx's fuse and fuse_modules on the
-(conv, bn) pairs adjacent in registration order, within 1e-5; symbolic_trace works after
-convert_sync and freeze wherever it works on the original. A subset trains one step on 2 gloo
+(conv, bn) pairs adjacent in registration order, within 1e-5; symbolic_trace and
+torchvision's create_feature_extractor work after convert_sync and freeze wherever
+symbolic_trace works on the original. A subset trains one step on 2 gloo
 ranks against the global batch on one process (test_zoo_sync.py). The full zoo runs in
 bench/zoo.py.
 """
@@ -76,6 +77,8 @@ def test_zoo_model(key: str) -> None:
     if traceable:
         assert zoo.traces(sync["model"].eval(), x)
         assert zoo.traces(freeze["model"], x)
+        assert zoo.feature_extractor_works(sync["model"], x)
+        assert zoo.feature_extractor_works(freeze["model"], x)
     print(f"\n{key}: {len(zoo.bn_sites(model))} BN; sync {sync['converted']}/"
           f"{sync['refused']} refused; frozen {freeze['frozen']}/{freeze['refused']}; folded "
           f"{fold['folded']} ({fold['eval_error']:.0e}) vs fx {fx['folded']} fuse_modules "
