@@ -141,9 +141,11 @@ def bnfix_freeze(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:
     before = [b.clone() for b in work.buffers()]
     error = rel_error(outputs(work, x), want)
     kept = all(torch.equal(a, b) for a, b in zip(before, work.buffers(), strict=True))
+    back = bt.unfreeze(copy.deepcopy(work).eval())
     return {"frozen": len(report.converted), "refused": len(report.refused),
             "refusals": sorted({f"{r.from_class}: {r.reason}" for r in report.refused}),
-            "eval_error": error, "stats_kept": kept, "model": work}
+            "eval_error": error, "stats_kept": kept,
+            "unfreeze_exact": _same_state(back, model), "model": work}
 
 
 def bnfix_fold(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:

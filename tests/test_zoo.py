@@ -9,7 +9,7 @@ torchvision or timm installed these tests skip, saying so.
 
 Per model: convert_sync leaves eval outputs bit-identical and revert_sync gives back the same
 classes and state; frozen BN in training mode equals the original in eval mode with running
-statistics untouched; fold folds at least as many BN as torch.fx's fuse and fuse_modules on the
+statistics untouched, and unfreeze gives back the same classes and state; fold folds at least as many BN as torch.fx's fuse and fuse_modules on the
 (conv, bn) pairs adjacent in registration order, within 1e-5; symbolic_trace and
 torchvision's create_feature_extractor work after convert_sync and freeze wherever
 symbolic_trace works on the original. A subset trains one step on 2 gloo
@@ -66,7 +66,7 @@ def test_zoo_model(key: str) -> None:
     sync = zoo.bnfix_sync(model, x, want)
     assert sync["eval_exact"] and sync["revert_exact"]
     freeze = zoo.bnfix_freeze(model, x, want)
-    assert freeze["eval_error"] == 0.0 and freeze["stats_kept"]
+    assert freeze["eval_error"] == 0.0 and freeze["stats_kept"] and freeze["unfreeze_exact"]
     fold = zoo.bnfix_fold(model, x, want)
     fx = zoo.fx_fuse(model, x, want)
     ao = zoo.ao_fuse(model, x, want)

@@ -36,14 +36,25 @@ except ImportError as exc:  # pragma: no cover - dev extras not installed
                 allow_module_level=True)
 
 MODELS = ["torchvision:resnet18", "timm:efficientnet_b0", "timm:fastvit_t8", "timm:levit_128s"]
+# efficientnet_b0 after timm.layers.convert_sync_batchnorm: its SyncBatchNormAct layers are
+# torch SyncBatchNorm subclasses (CUDA-only sync), converted by bnfix to run on gloo
+TIMM_SYNCED = "timm-sync:efficientnet_b0"
 SHARDS = (3, 5)
 TOLERANCE = 1e-9  # float64: rounding is ~1e-13 of each tensor's scale
+
+
+def _timm_synced() -> nn.Module:
+    timm = zoo_models.import_timm()
+    [entry] = zoo_models.timm_models(["efficientnet_b0"])
+    return timm.layers.convert_sync_batchnorm(entry.build())
 
 
 def _entries() -> list[zoo_models.ZooModel]:
     entries = zoo_models.zoo(MODELS)
     assert len(entries) == len(MODELS)
-    return entries
+    base = next(e for e in entries if e.name == "efficientnet_b0")
+    return [*entries, zoo_models.ZooModel("efficientnet_b0 (timm SyncBatchNormAct)",
+                                          "timm-sync", base.kind, _timm_synced, base.size)]
 
 
 def _no_dropout(model: nn.Module) -> nn.Module:
@@ -111,10 +122,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", MODELS)
+@pytest.mark.parametrize("key", [*MODELS, TIMM_SYNCED])
 def test_two_gloo_ranks_equal_the_global_batch(ranks: list[dict], key: str) -> None:
     torch.set_num_threads(1)
-    entry = next(e for e in _entries() if f"{e.library}:{e.name}" == key)
+    entry = next(e for e in _entries() if f"{e.library}:{e.name}".startswith(key))
     model = _no_dropout(entry.build().double())
     x = entry.inputs(sum(SHARDS), seed=3).double()
     want = _step(model, x, sum(SHARDS))

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from bnfix.torch.functional import probing
+from bnfix.torch.swap import derived_class, plain_with_forward
 
 TOLERANCE = 1e-4  # float32 copies: the synced formulas round differently from torch's BN
 _RANKS = (4, 3, 2, 5)  # input ranks tried, (N, C, H, W) first
@@ -104,12 +106,31 @@ def _difference(got: _Run, want: _Run) -> str | None:
     return None
 
 
+class _OneRank(_BatchNorm):
+    """torch's plain BN forward: what torch's nn.SyncBatchNorm computes on one rank."""
+
+    forward = _BatchNorm.forward
+
+
+def _own_forward(cls: type[nn.Module]) -> Callable[..., object]:
+    return cls.forward
+
+
+def _one_rank(module: nn.Module) -> nn.Module:
+    """The reference for a synced probe is the original on one rank. Inside a process group
+    torch's nn.SyncBatchNorm (a base of timm's SyncBatchNormAct) syncs with CUDA kernels and
+    fails on CPU, so the copy of such a class gets torch's plain BN forward in its place."""
+    if plain_with_forward(type(module)) is not None:
+        module.__class__ = derived_class(type(module), _OneRank, "one-rank", _own_forward)
+    return module
+
+
 def _compare(module: nn.Module, convert: Callable[[nn.Module], None], training_ref: bool,
              training_new: bool) -> tuple[str | None, list[str]]:
     x = probe_input(module)
     if isinstance(x, str):
         return x, []
-    want = _run(_copy(module), x, training_ref)
+    want = _run(_one_rank(_copy(module)), x, training_ref)
     if isinstance(want, str):
         return want, []
     twin = _copy(module)

@@ -89,7 +89,7 @@ def _over(behaviour: type[nn.Module], plain: type[nn.Module]) -> type[nn.Module]
                 {"__slots__": (), "__module__": __name__, "__doc__": behaviour.__doc__})
 
 
-def _plain_with_forward(cls: type[nn.Module]) -> type[nn.Module] | None:
+def plain_with_forward(cls: type[nn.Module]) -> type[nn.Module] | None:
     """The nearest base of `cls` listed as plain BN that defines its own forward (torch's
     nn.SyncBatchNorm: it syncs with CUDA kernels and skips batch_norm once a group exists)."""
     plain = {name for name, spec in torch_modules().items()
@@ -114,7 +114,7 @@ def derived_class(cls: type[nn.Module], behaviour: type[nn.Module], kind: str,
     (cls, behaviour, kind, make_forward). Raises TypeError when the two cannot be combined."""
     name = behaviour.__name__.removesuffix("BatchNorm") + cls.__name__
     doc = f"{cls.__qualname__} with {behaviour.__qualname__} behaviour (made by bnfix.torch)."
-    plain = _plain_with_forward(cls)
+    plain = plain_with_forward(cls)
     base = behaviour if plain is None else _over(behaviour, plain)
     return type(name, (cls, base), {"__slots__": (), "__module__": __name__, "__doc__": doc,
                                     "forward": make_forward(cls)})
