@@ -12,7 +12,8 @@ For every torchvision classification/segmentation/detection model and a broad se
   original in eval mode.
 - fold: BN folded by bnfix.torch.fold, by torch.fx.experimental.optimization.fuse and by
   torch.ao.quantization.fuse_modules on the (conv, bn) pairs adjacent in registration order,
-  each with the max relative eval-output change ("-": the tool fails on the model).
+  each with the max relative eval-output change ("-": the tool fails on the model; detection
+  models: of the backbone features, their detections after NMS being discontinuous).
 - fx: torch.fx.symbolic_trace of the converted (sync) and frozen models runs and gives the same
   outputs.
 - times: conversion time of bnfix / torch / timm (median of 3).
@@ -53,6 +54,17 @@ def outputs(model: nn.Module, x: Any) -> Tensor:
     with torch.no_grad():
         out = model(x)
     return _flatten(out)
+
+
+def fold_outputs(model: nn.Module, x: Any) -> Tensor:
+    """What a fold is measured on: the outputs, except for detection models (a list of images)
+    their backbone features on the transformed batch: detections after NMS are discontinuous in
+    the scores (a 1e-7 change can swap or drop a box), the features are not."""
+    if not isinstance(x, list):
+        return outputs(model, x)
+    with torch.no_grad():
+        images, _ = model.transform(x)
+        return _flatten(model.backbone(images.tensors))
 
 
 def _flatten(out: Any) -> Tensor:
@@ -149,12 +161,13 @@ def bnfix_freeze(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:
 
 
 def bnfix_fold(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:
+    """`want`: fold_outputs of the original."""
     work = copy.deepcopy(model)
     report = bt.ConversionReport()
     bt.fold(work, report=report)
     return {"folded": len(report.converted), "refused": len(report.refused),
             "refusals": sorted({f"{r.from_class}: {r.reason}" for r in report.refused}),
-            "eval_error": rel_error(outputs(work, x), want)}
+            "eval_error": rel_error(fold_outputs(work, x), want)}
 
 
 def _bn_calls(graph_module: torch.fx.GraphModule) -> int:
@@ -175,7 +188,8 @@ def fx_fuse(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:
         fused = fuse(copy.deepcopy(model))
     except Exception as exc:  # noqa: BLE001 - the tool's own failure is the measurement
         return {"folded": None, "error": f"{type(exc).__name__}"}
-    return {"folded": before - _bn_calls(fused), "eval_error": rel_error(outputs(fused, x), want)}
+    return {"folded": before - _bn_calls(fused),
+            "eval_error": rel_error(fold_outputs(fused, x), want)}
 
 
 def registration_pairs(model: nn.Module) -> list[list[str]]:
@@ -193,7 +207,7 @@ def ao_fuse(model: nn.Module, x: Any, want: Tensor) -> dict[str, Any]:
         fused = fuse_modules(copy.deepcopy(model), pairs) if pairs else model
     except Exception as exc:  # noqa: BLE001 - the tool's own failure is the measurement
         return {"folded": None, "error": f"{type(exc).__name__}"}
-    return {"folded": len(pairs), "eval_error": rel_error(outputs(fused, x), want)}
+    return {"folded": len(pairs), "eval_error": rel_error(fold_outputs(fused, x), want)}
 
 
 def traces(model: nn.Module, x: Any) -> bool | None:
@@ -252,6 +266,7 @@ def measure(entry: zoo_models.ZooModel, with_timm: bool = True) -> Row | None:
         return None
     x = entry.inputs(2)
     want = outputs(model, x)
+    folded = fold_outputs(model, x)
     sync = bnfix_sync(model, x, want)
     freeze = bnfix_freeze(model, x, want)
     traceable: dict[str, bool | None] = {"original": original_traces(model)}
@@ -262,8 +277,8 @@ def measure(entry: zoo_models.ZooModel, with_timm: bool = True) -> Row | None:
                {k: v for k, v in sync.items() if k != "model"}, torch_sync(model, x, want),
                timm_sync(model, x, want) if with_timm else None,
                {k: v for k, v in freeze.items() if k != "model"},
-               bnfix_fold(model, x, want), fx_fuse(model, x, want), ao_fuse(model, x, want),
-               traceable)
+               bnfix_fold(model, x, folded), fx_fuse(model, x, folded),
+               ao_fuse(model, x, folded), traceable)
 
 
 def _fold_cell(result: dict[str, Any]) -> str:

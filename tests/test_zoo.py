@@ -67,9 +67,10 @@ def test_zoo_model(key: str) -> None:
     assert sync["eval_exact"] and sync["revert_exact"]
     freeze = zoo.bnfix_freeze(model, x, want)
     assert freeze["eval_error"] == 0.0 and freeze["stats_kept"] and freeze["unfreeze_exact"]
-    fold = zoo.bnfix_fold(model, x, want)
-    fx = zoo.fx_fuse(model, x, want)
-    ao = zoo.ao_fuse(model, x, want)
+    folded = zoo.fold_outputs(model, x)
+    fold = zoo.bnfix_fold(model, x, folded)
+    fx = zoo.fx_fuse(model, x, folded)
+    ao = zoo.ao_fuse(model, x, folded)
     assert fold["eval_error"] <= FOLD_TOLERANCE
     assert fold["folded"] >= (fx["folded"] or 0)
     assert fold["folded"] >= (ao["folded"] or 0)
