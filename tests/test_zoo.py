@@ -84,3 +84,35 @@ def test_zoo_model(key: str) -> None:
           f"{sync['refused']} refused; frozen {freeze['frozen']}/{freeze['refused']}; folded "
           f"{fold['folded']} ({fold['eval_error']:.0e}) vs fx {fx['folded']} fuse_modules "
           f"{ao['folded']}; fx-traceable {traceable}")
+
+
+def test_frozen_by_construction_layers_follow_the_catalogue() -> None:
+    """torchvision's FrozenBatchNorm2d is no torch _BatchNorm: rules/catalogue/torch_modules.toml
+    says convert_sync refuses it (with its reason), freeze leaves it, fold folds it as the
+    per-channel affine map a probe confirms it is."""
+    import bnfix.torch as bt
+    from bnfix.rulebook import torch_modules
+
+    tv = zoo_models.import_torchvision()
+    spec = torch_modules()["torchvision.ops.misc.FrozenBatchNorm2d"]
+    torch.manual_seed(0)
+    model = tv.models.resnet18(norm_layer=tv.ops.misc.FrozenBatchNorm2d, num_classes=10).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, tv.ops.misc.FrozenBatchNorm2d):
+                module.running_mean.normal_()
+                module.running_var.uniform_(0.5, 2)
+                module.weight.normal_()
+    x = torch.randn(2, 3, 32, 32)
+    want = zoo.outputs(model, x)
+    report = bt.ConversionReport()
+    bt.convert_sync(model, report=report)
+    assert not report.converted and len(report.refused) == 20
+    assert {r.reason for r in report.refused} == {spec.refusal("convert_sync")}
+    frozen = bt.ConversionReport()
+    bt.freeze(model, report=frozen)
+    assert not frozen.converted and not frozen.refused
+    folded = bt.ConversionReport()
+    bt.fold(model, report=folded)
+    assert len(folded.converted) == 20 and not folded.refused
+    assert zoo.rel_error(zoo.outputs(model, x), want) < 1e-5
