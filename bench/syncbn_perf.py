@@ -3,7 +3,8 @@ all-reduce SyncBN (detectron2's NaiveSyncBatchNorm) vs torch.nn.SyncBatchNorm (C
 
 Each rank runs a torchvision resnet18 / resnet50 (weights=None) on its shard: forward, backward,
 one SUM all-reduce of the gradients, SGD step; the time is the median over --steps steps after
---warmup, of the slowest rank. gloo on CPU (one thread per rank) by default; `--backend nccl`
+--warmup, of the slowest rank; the variants' steps are interleaved so they share the machine's
+load alike. gloo on CPU (one thread per rank) by default; `--backend nccl`
 puts one rank on each GPU and adds torch.nn.SyncBatchNorm (scripts/gpu-check runs that).
 
     python bench/syncbn_perf.py [--models resnet18 resnet50] [--batch 16] [--size 64]
@@ -103,16 +104,17 @@ def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
     tv = zoo_models.import_torchvision()
     variants = ["plain", "naive", "bnfix"] + (["torch"] if backend == "nccl" else [])
     results: dict[tuple[str, str], float] = {}
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch, 3, args.size, args.size, generator=gen).to(device)
     for model_name in args.models:
+        runs = {}
         for variant in variants:
             torch.manual_seed(0)
             model = _variant(variant, tv.models.get_model(model_name, weights=None,
                                                           num_classes=10)).to(device).train()
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            gen = torch.Generator().manual_seed(rank)
-            x = torch.randn(args.batch, 3, args.size, args.size, generator=gen).to(device)
-            times = []
-            for step in range(args.warmup + args.steps):
+            runs[variant] = (model, torch.optim.SGD(model.parameters(), lr=0.01), [])
+        for step in range(args.warmup + args.steps):  # variants interleaved: same load
+            for variant, (model, opt, times) in runs.items():
                 if backend == "nccl":
                     torch.cuda.synchronize()
                 dist.barrier()
@@ -120,8 +122,7 @@ def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
                 loss = model(x).square().mean()
                 opt.zero_grad()
                 loss.backward()
-                grads = [p.grad for p in model.parameters()]
-                flat = torch.cat([g.flatten() for g in grads])
+                flat = torch.cat([p.grad.flatten() for p in model.parameters()])
                 dist.all_reduce(flat)
                 opt.step()
                 if backend == "nccl":
@@ -130,6 +131,7 @@ def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 if step >= args.warmup:
                     times.append(elapsed.item())
+        for variant, (_, _, times) in runs.items():
             results[model_name, variant] = statistics.median(times)
     if rank == 0:
         torch.save(results, Path(workdir) / "results.pt")
