@@ -259,11 +259,17 @@ class Row:
     traceable: dict[str, bool | None]
 
 
-def measure(entry: zoo_models.ZooModel, with_timm: bool = True) -> Row | None:
-    """One row, or None for a model without any BN layer (ViT, Swin, ConvNeXt, ...)."""
+MAX_PARAMETERS = 300_000_000  # regnet_y_128gf (645M): its copies exhaust a 24 GB machine
+
+
+def measure(entry: zoo_models.ZooModel, with_timm: bool = True) -> Row | str:
+    """One row, or why there is none: no BN layer (ViT, Swin, ConvNeXt, ...), or too large."""
     model = entry.build().eval()
     if not bn_sites(model):
-        return None
+        return "without BN"
+    size = sum(p.numel() for p in model.parameters())
+    if size > MAX_PARAMETERS:
+        return f"{size / 1e6:.0f}M parameters: too large for this machine's copies"
     x = entry.inputs(2)
     want = outputs(model, x)
     folded = fold_outputs(model, x)
@@ -340,18 +346,21 @@ def main() -> None:
     entries = zoo_models.zoo(args.only)
     if args.library:
         entries = [e for e in entries if e.library == args.library]
-    rows, without = [], []
+    rows, without, skipped = [], [], []
     for entry in entries:
         start = time.perf_counter()
         row = measure(entry)
-        if row is None:
+        if row == "without BN":
             without.append(f"{entry.library}:{entry.name}")
+        elif isinstance(row, str):
+            skipped.append(f"{entry.library}:{entry.name} ({row})")
         else:
             rows.append(row)
         print(f"{entry.library}:{entry.name}: {time.perf_counter() - start:.1f} s",
               file=sys.stderr, flush=True)
     print(f"torch {torch.__version__}, {len(rows)} models with BN, weights=None, batch 2; "
-          f"without BN: {', '.join(without) or 'none'}")
+          f"without BN: {', '.join(without) or 'none'}; not measured: "
+          f"{', '.join(skipped) or 'none'}")
     print(table(rows))
     print(totals(rows))
     if args.json:
