@@ -46,6 +46,18 @@ MODELS = {f"{m.library}:{m.name}": m
           if m.library == "timm" or m.name in TORCHVISION}
 
 
+def _timm_synced() -> torch.nn.Module:
+    """What timm.layers.convert_sync_batchnorm makes: SyncBatchNormAct (torch SyncBatchNorm
+    subclasses keeping the activation)."""
+    return zoo_models.import_timm().layers.convert_sync_batchnorm(
+        MODELS["timm:mobilenetv3_small_100"].build())
+
+
+MODELS["timm-sync:mobilenetv3_small_100"] = zoo_models.ZooModel(
+    "mobilenetv3_small_100", "timm-sync", "classification", _timm_synced,
+    MODELS["timm:mobilenetv3_small_100"].size)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One intra-op thread: on a loaded 2-core machine OpenMP's spin-waits make a 32x32
