@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from bnfix.torch.functional import active_probe
+from bnfix.torch.functional import GROUPS, active_probe
 
 ProcessGroup = dist.ProcessGroup
 
@@ -30,4 +30,6 @@ def sync_group(process_group: ProcessGroup | None) -> str | None:
     group = dist.group.WORLD if process_group is None else process_group
     if dist.get_world_size(group) < 2:
         return None
-    return group.group_name
+    name = group.group_name
+    GROUPS.setdefault(name, group)
+    return name
