@@ -510,3 +510,49 @@ def rules_table_markdown(book: RuleBook) -> str:
         on = "yes" if rule.default else "opt-in"
         rows.append(f"| {code} | {rule.name} | {rule.summary} | {rule.fix} | {on} |")
     return "\n".join(rows) + "\n"
+
+
+# Module conversions (bnfix.torch): the `module` table of rules/catalogue/torch_modules.toml.
+MODULE_ACTIONS = ("convert_sync", "freeze", "fold")
+MODULE_OUTCOMES = ("plain", "behaviour", "affine", "skip")
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """A norm layer class of torch or a model library and what each conversion does with it:
+    `outcomes[action]` is "plain", "behaviour", "affine", "skip" or "refuse: <reason>"."""
+
+    cls: str
+    library: str
+    what: str
+    outcomes: dict[str, str]
+
+    def outcome(self, action: str) -> str:
+        return self.outcomes.get(action, "behaviour")
+
+    def refusal(self, action: str) -> str | None:
+        outcome = self.outcome(action)
+        return outcome.removeprefix("refuse:").strip() if outcome.startswith("refuse:") else None
+
+
+def _module_spec(entry: dict[str, Any], path: Path) -> ModuleSpec:
+    outcomes = {action: entry[action] for action in MODULE_ACTIONS if action in entry}
+    for action, outcome in outcomes.items():
+        if outcome not in MODULE_OUTCOMES and not outcome.startswith("refuse:"):
+            raise RuleBookError(f"{path}: {entry.get('class')}: {action} = {outcome!r} is not "
+                                f"one of {', '.join(MODULE_OUTCOMES)} or 'refuse: <reason>'")
+    return ModuleSpec(_require(entry, "class", path), entry.get("library", ""),
+                      entry.get("what", ""), outcomes)
+
+
+@functools.lru_cache(maxsize=1)
+def torch_modules() -> dict[str, ModuleSpec]:
+    """Every `[[module]]` entry of the catalogue, by class name."""
+    specs: dict[str, ModuleSpec] = {}
+    for path in sorted((_rules_root() / "catalogue").glob("*.toml")):
+        for entry in _read_toml(path).get("module", []):
+            spec = _module_spec(entry, path)
+            if spec.cls in specs:
+                raise RuleBookError(f"{path}: module `{spec.cls}` is listed twice")
+            specs[spec.cls] = spec
+    return specs

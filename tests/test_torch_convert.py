@@ -27,11 +27,32 @@ class ShiftedBatchNorm2d(nn.BatchNorm2d):
 
 
 class FunctionalBatchNorm2d(nn.BatchNorm2d):
-    """A BN subclass whose forward bypasses super().forward: cannot be synced faithfully."""
+    """A BN subclass whose forward calls F.batch_norm itself, never super().forward."""
 
     def forward(self, x: Tensor) -> Tensor:
         return nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight,
                                         self.bias, self.training, 0.1, self.eps)
+
+
+class EvalSuperBatchNorm2d(nn.BatchNorm2d):
+    """super().forward in eval mode only, F.batch_norm in training: a name check is fooled."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(x)
+        return nn.functional.batch_norm(x, None, None, self.weight, self.bias, True)
+
+
+class ManualBatchNorm2d(nn.BatchNorm2d):
+    """Computes its statistics by hand (and calls super().forward in eval): nothing to sync."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return super().forward(x)
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = x.var((0, 2, 3), unbiased=False, keepdim=True)
+        return (x - mean) / (var + self.eps).sqrt() * self.weight.view(1, -1, 1, 1) + \
+            self.bias.view(1, -1, 1, 1)
 
 
 def _hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
@@ -120,24 +141,40 @@ def test_subclass_is_kept_and_its_super_forward_is_synced() -> None:
     assert type(other) is type(bn)
 
 
-def test_subclass_bypassing_super_forward_is_refused() -> None:
-    model = nn.Sequential(nn.BatchNorm2d(3), FunctionalBatchNorm2d(3))
+def _synced_calls(module: nn.Module, x: Tensor) -> list[str]:
+    """The collectives one training step of `module` makes (one-rank probe)."""
+    from bnfix.torch.functional import probing
+
+    with probing() as probe:
+        module.train()(x.requires_grad_(True)).sum().backward()
+    return probe.calls
+
+
+def test_subclasses_are_judged_by_what_their_forward_does() -> None:
+    """Not by whether the code says super().forward: F.batch_norm callers are synced, a
+    forward that computes its own statistics is refused."""
+    model = nn.Sequential(FunctionalBatchNorm2d(3), EvalSuperBatchNorm2d(3),
+                          ManualBatchNorm2d(3))
     report = bt.ConversionReport()
     bt.convert_sync(model, report=report)
-    assert type(model[1]) is FunctionalBatchNorm2d
+    assert [r.path for r in report.converted] == ["0", "1"]
+    assert isinstance(model[0], FunctionalBatchNorm2d) and isinstance(model[0], bt.SyncBatchNorm)
+    for layer in model[:2]:
+        assert _synced_calls(layer, torch.randn(4, 3, 2, 2)) == ["all_gather", "all_reduce"]
+    assert type(model[2]) is ManualBatchNorm2d
     [refused] = report.refused
-    assert (refused.path, refused.from_class) == ("1", "FunctionalBatchNorm2d")
-    assert "does not call super().forward()" in refused.reason
-    assert "refused" in str(report) and "FunctionalBatchNorm2d" in str(report)
+    assert (refused.path, refused.from_class) == ("2", "ManualBatchNorm2d")
+    assert "0 synced batch_norm calls" in refused.reason
+    assert "refused" in str(report) and "ManualBatchNorm2d" in str(report)
 
 
 def test_strict_refuses_atomically() -> None:
-    model = nn.Sequential(nn.BatchNorm2d(3), FunctionalBatchNorm2d(3), nn.LazyBatchNorm1d())
+    model = nn.Sequential(nn.BatchNorm2d(3), ManualBatchNorm2d(3), nn.LazyBatchNorm1d())
     with pytest.raises(bt.ConversionRefused) as info:
         bt.convert_sync(model, strict=True)
     message = str(info.value)
     assert "2 module(s) refused" in message
-    assert "1 (FunctionalBatchNorm2d)" in message and "2 (LazyBatchNorm1d)" in message
+    assert "1 (ManualBatchNorm2d)" in message and "2 (LazyBatchNorm1d)" in message
     assert [r.path for r in info.value.records] == ["1", "2"]
     assert type(model[0]) is nn.BatchNorm2d  # nothing converted
 
@@ -248,7 +285,7 @@ def _randomise(model: nn.Module) -> nn.Module:
     torch.manual_seed(1)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.copy_(torch.randn_like(m.running_mean))
                 m.running_var.copy_(torch.rand_like(m.running_var) + 0.5)
                 if m.affine:
@@ -286,6 +323,8 @@ def test_fold_in_train_mode_raises() -> None:
 
 
 class _Functional(nn.Module):
+    """conv -> bn in a hand-written forward: found by tracing, not by Sequential order."""
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 3, 1)
@@ -295,35 +334,83 @@ class _Functional(nn.Module):
         return self.bn(self.conv(x))
 
 
-def test_fold_refuses_what_it_cannot_see_or_fold_exactly() -> None:
+class _Branching(nn.Module):
+    """The conv output feeds the BN and a residual add: folding would change the add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+class _Untraceable(nn.Module):
+    """Python control flow on a tensor value: torch.fx cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.bn(self.conv(x)) if x.sum() > -1e9 else x
+
+
+def test_fold_follows_the_traced_graph_and_refuses_what_is_not_exact() -> None:
     shared = nn.BatchNorm2d(3)
-    model = nn.Sequential(
-        _Functional(),  # functional forward: not traced
-        nn.Conv2d(3, 3, 1), shared, nn.Conv2d(3, 3, 1), shared,  # shared BN
-        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3, track_running_stats=False),
-        nn.Conv2d(3, 3, 1), ShiftedBatchNorm2d(3),
-        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3),
-    ).eval()
+    model = _randomise(nn.Sequential(
+        _Functional(),  # 0: hand-written forward: traced, folded
+        nn.Conv2d(3, 3, 1), shared, nn.Conv2d(3, 3, 1), shared,  # 2, 4: one BN called twice
+        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3, track_running_stats=False),  # 6
+        nn.Conv2d(3, 3, 1), ShiftedBatchNorm2d(3),  # 8: its shift kept after folding
+        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3),  # 10: hooked
+        _Branching(),  # 11.bn: the conv output is used twice
+        _Untraceable(),  # 12.bn: not traced
+        nn.ReLU(), nn.BatchNorm2d(3),  # 14: after a ReLU
+    ))
     model[10].register_forward_hook(_hook)
+    x = torch.randn(2, 3, 4, 4)
+    with torch.no_grad():
+        expected = model(x)
     report = bt.ConversionReport()
     bt.fold(model, report=report)
     reasons = {r.path: r.reason for r in report.refused}
-    assert "not traced" in reasons["0.bn"]
-    assert "shared" in reasons["2"]
+    assert {r.path for r in report.converted} == {"0.bn", "8"}, reasons
+    assert isinstance(model[0].bn, nn.Identity)
+    assert isinstance(model[8], ShiftedBatchNorm2d) and model[8].shift == 2.0
+    assert "called 2 times" in reasons["2"]
     assert "track_running_stats=False" in reasons["6"]
-    assert "own behaviour" in reasons["8"]
     assert "hooks" in reasons["10"]
-    assert not report.converted
-    with pytest.raises(bt.ConversionRefused, match="fold: 5 module"):
-        bt.fold(model, strict=True)
+    assert "feeds other consumers" in reasons["11.bn"]
+    assert "failed to trace" in reasons["12.bn"]
+    assert "comes from ReLU" in reasons["14"]
+    with torch.no_grad():
+        got = model(x)
+    assert (got - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
+    with pytest.raises(bt.ConversionRefused, match="fold: 6 module"):
+        bt.fold(_randomise(nn.Sequential(nn.Conv2d(3, 3, 1), shared, nn.Conv2d(3, 3, 1), shared,
+                                         _Branching(), _Untraceable(), nn.ReLU(),
+                                         nn.BatchNorm2d(3), nn.BatchNorm2d(3,
+                                         track_running_stats=False), nn.Conv2d(3, 3, 1),
+                                         ManualEval(3))), strict=True)
+
+
+class ManualEval(nn.BatchNorm2d):
+    """Ignores its statistics in eval mode: no per-channel affine map of them to fold."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * 2
 
 
 def test_report_table_lists_every_record() -> None:
     report = bt.ConversionReport()
-    bt.convert_sync(nn.Sequential(nn.BatchNorm1d(2), FunctionalBatchNorm2d(2)), report=report)
+    bt.convert_sync(nn.Sequential(nn.BatchNorm1d(2), ManualBatchNorm2d(2)), report=report)
     lines = str(report).splitlines()
     assert lines[0].split() == ["action", "status", "module", "from", "to", "note"]
     assert lines[1].split()[:5] == ["convert_sync", "converted", "0", "BatchNorm1d",
                                     "SyncBatchNorm"]
-    assert lines[2].split()[:4] == ["convert_sync", "refused", "1", "FunctionalBatchNorm2d"]
+    assert lines[2].split()[:4] == ["convert_sync", "refused", "1", "ManualBatchNorm2d"]
     assert lines[-1] == "1 converted, 1 refused"

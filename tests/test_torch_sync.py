@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import bnfix.torch as bt
-from bnfix.torch.functional import _local_moments, _merge_moments
+from bnfix.torch.functional import local_moments, merge_moments
 
 STEPS = 3
 LR = 0.1
@@ -277,8 +277,8 @@ def test_merge_is_stable_where_sum_of_squares_is_not() -> None:
     chunks64 = [(torch.randn(n, 4, generator=gen, dtype=torch.float64) * 2 + 1e4).float().double()
                 for n in (300, 0, 500, 200)]
     truth = torch.cat(chunks64).var(0, unbiased=False)
-    rows = torch.stack([_local_moments(chunk.float()) for chunk in chunks64])
-    total, _, m2 = _merge_moments(rows, 4)
+    rows = torch.stack([local_moments(chunk.float())[0] for chunk in chunks64])
+    total, _, m2 = merge_moments(rows, 4)
     merged_err = ((m2 / total).double() - truth).abs().max().item() / truth.max().item()
     x32 = torch.cat(chunks64).float()
     naive = (x32.square().mean(0) - x32.mean(0).square()).double()
@@ -346,6 +346,7 @@ def test_state_dict_loads_both_ways() -> None:
 
 
 def test_constructor_matches_torch_signature() -> None:
+    assert bt.SyncBatchNorm(4, bias=False).bias is None  # torch 2.13's keyword
     bn = bt.SyncBatchNorm(4, 1e-3, None, False, False, None, "cpu", torch.float64)
     assert (bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats) == \
         (4, 1e-3, None, False, False)
@@ -370,3 +371,43 @@ def test_single_rank_group_is_plain_bn(tmp_path: Path) -> None:
         _compare_with_plain(lambda cls: cls(3, momentum=None), (4, 3, 5, 5))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"momentum": None}, {"affine": False}, {"bias": False}, {"track_running_stats": False},
+], ids=["default", "momentum-none", "affine-false", "bias-false", "no-running-stats"])
+def test_synced_path_on_one_rank_is_plain_bn(kwargs: dict) -> None:
+    """The synced computation itself (one-rank probe: collectives are identities) against
+    torch's BN, fp64: outputs, input and parameter gradients, running statistics; one
+    all_gather per forward and one all_reduce per backward, nothing read on the host."""
+    from bnfix.torch.functional import probing
+
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(3, **kwargs).double()
+    synced = bt.SyncBatchNorm(3, **kwargs).double()
+    synced.load_state_dict(plain.state_dict())
+    for step in range(STEPS):
+        x = torch.randn(5, 3, 4, 4, dtype=torch.float64) * 3 + step
+        results = []
+        for module in (plain, synced):
+            xi = x.clone().requires_grad_(True)
+            with probing() as probe:
+                out = module(xi)
+                (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+                 ).sum().backward()
+            results.append((out, xi.grad, probe.calls))
+        assert results[1][2] == ["all_gather", "all_reduce"] and results[0][2] == []
+        for got, want in zip(results[1][:2], results[0][:2], strict=True):
+            assert (got - want).abs().max().item() < 1e-12 * want.abs().max().item()
+    for (name, a), b in zip(plain.state_dict().items(), synced.state_dict().values(),
+                            strict=True):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-12, atol=1e-14), name
+    for a, b in zip(plain.parameters(), synced.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-14)
+
+
+def test_frozen_constructor_takes_torch_arguments() -> None:
+    bn = bt.FrozenBatchNorm(4, 1e-3, None, True, True, "cpu", torch.float64, bias=False)
+    assert bn.bias is None and not bn.weight.requires_grad and bn.weight.dtype == torch.float64
+    with pytest.raises(ValueError, match="track_running_stats must be True"):
+        bt.FrozenBatchNorm(4, track_running_stats=False)

@@ -75,8 +75,27 @@ def test_conversion_fidelity_and_refusals(resnet_run) -> None:
     assert fidelity["revert_sync"]["max_abs"] == 0.0 and not fidelity["revert_sync"]["problem"]
     assert 0 < fidelity["fold"]["max_rel"] < 1e-5  # folding rounds once
     refused = {r["path"]: r["reason"] for r in fidelity["fold"]["refused"]}
-    assert "own behaviour" in refused["stem.1"] and "shared_bn" in refused
-    assert {"fc.1", "layer2.downsample.1"}.isdisjoint(refused)  # folded into Linear / Conv2d
+    assert "called 2 times" in refused["shared_bn"]
+    # folded into Linear / Conv2d; the BN subclass keeps its scale after its folded BN
+    assert {"fc.1", "layer2.downsample.1", "stem.1"}.isdisjoint(refused)
+    assert not fidelity["convert_sync"]["problem"] and not fidelity["fold"]["problem"]
+
+
+@pytest.mark.slow
+def test_a_run_where_every_bn_was_refused_says_so(tmp_path: Path) -> None:
+    """The cause, not only a FAIL: nothing was synced, in the verdict and in the JSON."""
+    run = run_bnfix("validate", "torch", f"{MODELS}:manual_bn", "--input-shape", "8,3,8,8",
+                    "--steps", "1", "--json", str(tmp_path / "r.json"), cwd=REPO, timeout=240)
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    convert = report["fidelity"][0]
+    assert convert["converted"] == 0 and len(convert["refused"]) == 2
+    assert "refused every BN layer (2 refused, 0 converted)" in convert["problem"]
+    assert report["verdict"] == "fail"
+    assert report["failures"][0].startswith("conversion convert_sync: refused every BN layer")
+    assert "refused every BN layer" in run.stdout.split("verdict:")[0]
+    assert "PROBLEM" in next(line for line in run.stdout.splitlines()
+                             if line.strip().startswith("convert_sync"))
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
 """PyTorch runtime: a synchronized BN for any torch.distributed backend and module converters.
 
-- `SyncBatchNorm`: synced BN on gloo (CPU), NCCL (CUDA) or any backend; plain BN outside a
-  process group.
+- `SyncBatchNorm`: synced BN on gloo (CPU), NCCL (CUDA) or any backend, with no host sync
+  (torch.compile(fullgraph=True) and CUDA graphs capture it); torch's BN outside a process group.
 - `convert_sync` / `revert_sync`, `freeze` / `unfreeze`: in-place, reversible conversions of every
-  BN in a module tree (exact original classes restored); `fold`: BN into the preceding
-  conv/linear for inference. Each takes `strict=` and an optional `ConversionReport` to fill.
+  BN in a module tree (exact original classes restored), BN subclasses and norm-act layers
+  (timm's BatchNormAct2d) included, decided by catalogue data and a behaviour probe; `fold`: BN
+  into the conv/linear that feeds it in the torch.fx graph, for inference. Each takes `strict=`
+  and an optional `ConversionReport` to fill. See docs/torch.md.
 - `monitor(model, every=10)`: watch every BN while the model trains (`bnfix doctor` from Python);
   `to_group_norm(model, groups=32)`: BN → GroupNorm (a recipe change: retrain).
 """

@@ -1,33 +1,45 @@
-"""The synced batch-norm computation: one collective in forward, one in backward.
+"""The synced batch-norm computation: one collective in forward, one in backward, no host sync.
 
-Forward: every rank computes, per channel, its count n, a shift s (its local mean, rounded to
-the working dtype), d = mean(x - s) and M2 = sum((x - s)^2) - n d^2 (sum of squared deviations
-from the local mean; no cancellation since x - s is centred), and ONE `all_gather` exchanges
-those 3C+1 numbers. Every rank then merges them in float64 with Chan's parallel formula
+Forward. Each rank centres its batch on a per-channel shift s (its own mean, rounded to the
+input dtype): c = x - s. One fused reduction (torch's BN-backward reduction kernel, used as a
+dot product: accumulated in double on CPU) gives sum c and sum c^2 per channel; ONE
+`all_gather` exchanges [n, s, sum c, sum c^2] (3C+1 numbers) and every rank merges them in
+float64 with Chan's parallel formula
 
-    mean_i = s_i + d_i,  N = sum n_i,  mean = sum n_i mean_i / N,
-    M2 = sum M2_i + sum n_i (mean_i - mean)^2
+    mean_i = s_i + sum c_i / n_i,  M2_i = sum c_i^2 - (sum c_i)^2 / n_i,
+    N = sum n_i,  mean = sum n_i mean_i / N,  M2 = sum M2_i + sum n_i (mean_i - mean)^2,
 
-which is count-weighted (uneven and empty per-rank batches are exact: an empty rank sends n = 0)
-and numerically stable: no E[x^2] - E[x]^2 cancellation when the mean is large relative to the
-spread. The global mean is applied as a hi + lo pair of the working dtype, so x - mean keeps
-its precision even where the mean itself is not representable (fp32 data around 1e4).
-Backward: ONE `all_reduce` of [sum dy, sum dy*xhat] per channel gives the global terms of the
-input gradient. Weight and bias gradients stay local (this rank's share), as with torch's
+count-weighted (uneven and empty per-rank batches are exact: an empty rank sends n = 0 and
+contributes nothing) and stable (no E[x^2] - E[x]^2 cancellation: the data are centred). The
+output is torch's own eval-mode `batch_norm` of c with the global statistics relative to s
+(mean - s is small, so nothing is lost where the mean is large against the spread): one pass.
+
+Backward. The same reduction kernel gives sum dy and sum dy * xhat in one pass; ONE
+`all_reduce` makes them global; the input gradient k (dy - mean dy - xhat mean dy xhat),
+k = weight / std, is one eval-mode `batch_norm` of c (the per-channel affine part) and one
+`addcmul`. Weight and bias gradients stay local (this rank's share), as with torch's
 `nn.SyncBatchNorm`: DDP (or any SUM all-reduce of gradients) adds them up.
 
-Every rank must call forward and backward the same number of times (a collective each), with
-the same `requires_grad` on the input; statistics are computed in at least float32.
+Nothing here reads a tensor value on the host (no `.item()`, `float()` or branch on data), so
+CUDA never synchronises with the host and `torch.compile(fullgraph=True)` traces it whole; the
+collectives are torch's functional collectives, which eager and compiled code both run. The
+only branch is on an empty local batch (a shape, fixed in a compiled graph), where torch's
+reduction kernel cannot run. Every rank must call forward and backward the same number of times
+with the same `requires_grad` on the input (a collective each).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fc
+import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import FunctionCtx, once_differentiable
-
-from bnfix.torch.distributed import ProcessGroup
+from torch.autograd.function import FunctionCtx
 
 
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -44,44 +56,107 @@ def _channel_view(t: Tensor, x: Tensor) -> Tensor:
     return t.view(1, -1, *([1] * (x.dim() - 2)))
 
 
-def _local_moments(x: Tensor) -> Tensor:
-    """[n, shift s (C), d = mean(x - s) (C), M2 (C)] of this rank's batch; zeros when empty."""
+def _channel_sums(dy: Tensor, c: Tensor, mean: Tensor, var: Tensor, eps: float
+                  ) -> tuple[Tensor, Tensor]:
+    """(sum dy (c - mean) / sqrt(var + eps), sum dy) per channel, in one fused pass: the
+    reduction torch's eval-mode BN backward computes for its weight and bias gradients."""
+    if c.numel() == 0:  # the kernel cannot run on an empty batch; the sums are 0
+        zeros = mean.new_zeros(mean.shape)
+        return zeros, zeros
+    _, dot, total = torch.ops.aten.native_batch_norm_backward(
+        dy, c, None, mean, var, None, None, False, eps, [False, True, True])
+    return dot, total
+
+
+@dataclass
+class Probe:
+    """Stands in for the collectives while `bnfix.torch` checks what a module's forward does:
+    one rank (the collectives are identities) whose calls are counted."""
+
+    world: int = 1
+    calls: list[str] = field(default_factory=list)
+
+
+_PROBE: list[Probe] = []  # the active probe, if any (pushed and popped by `probing`)
+
+
+def active_probe() -> Probe | None:
+    return _PROBE[-1] if _PROBE else None
+
+
+@contextmanager
+def probing() -> Iterator[Probe]:
+    """`with probing() as probe:` routes every synced BN through `probe` (see `Probe`)."""
+    _PROBE.append(Probe())
+    try:
+        yield _PROBE[-1]
+    finally:
+        _PROBE.pop()
+
+
+GROUPS: dict[str, dist.ProcessGroup] = {}  # by name, filled by bnfix.torch.distributed
+
+
+def _all_gather(t: Tensor, group: str) -> Tensor:
+    """Every rank's `t`, concatenated. Compiled code: torch's functional collective (traced
+    into the graph); eager code: c10d's in-place one, which skips the functional wrapper's
+    per-call bookkeeping (~0.3 ms a call on gloo)."""
+    probe = active_probe()
+    if probe is not None:
+        probe.calls.append("all_gather")
+        return t.clone()
+    if torch.compiler.is_compiling() or group not in GROUPS:
+        return fc.all_gather_single(t, 0, group)
+    process_group = GROUPS[group]
+    out = t.new_empty(dist.get_world_size(process_group) * t.numel())
+    dist.all_gather_into_tensor(out, t, group=process_group)
+    return out
+
+
+def _all_reduce(t: Tensor, group: str) -> Tensor:
+    """SUM over the ranks; functional when compiled, c10d in place in eager code."""
+    probe = active_probe()
+    if probe is not None:
+        probe.calls.append("all_reduce")
+        return t.clone()
+    if torch.compiler.is_compiling() or group not in GROUPS:
+        return fc.all_reduce(t, "sum", group)
+    dist.all_reduce(t, group=GROUPS[group])
+    return t
+
+
+def local_moments(x: Tensor) -> tuple[Tensor, Tensor]:
+    """This rank's float64 row [n, shift s (C), sum c (C), sum c^2 (C)] and c = x - s."""
     channels = x.shape[1]
     count = x.numel() // channels
-    if count == 0:
-        return x.new_zeros(3 * channels + 1)
-    dims = _reduce_dims(x)
-    shift = x.mean(dims)
+    stat = _stat_dtype(x.dtype)
+    shift = (x.sum(_reduce_dims(x), dtype=stat) / max(count, 1)).to(x.dtype)
     centred = x - _channel_view(shift, x)
-    delta = centred.mean(dims)
-    m2 = centred.square().sum(dims) - count * delta.square()
-    return torch.cat([shift.new_tensor([count]), shift, delta, m2])
+    zeros = torch.zeros(channels, dtype=stat, device=x.device)
+    squares, sums = _channel_sums(centred, centred, zeros, torch.ones_like(zeros), 0.0)
+    row = torch.cat([torch.full((1,), count, dtype=torch.float64, device=x.device),
+                     shift.double(), sums.double(), squares.double()])
+    return row, centred
 
 
-def _merge_moments(gathered: Tensor, channels: int) -> tuple[float, Tensor, Tensor]:
-    """Chan's parallel merge, in float64, of per-rank rows [n, s, d, M2] -> (N, mean, M2)."""
-    rows = gathered.double()
+def merge_moments(rows: Tensor, channels: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Chan's parallel merge, in float64, of per-rank rows [n, s, sum c, sum c^2]
+    -> (N, mean, M2); N is a 0-dim tensor."""
     counts = rows[:, :1]
-    means = rows[:, 1 : 1 + channels] + rows[:, 1 + channels : 1 + 2 * channels]
-    m2s = rows[:, 1 + 2 * channels :]
-    total = float(counts.sum())
-    if total <= 1:
-        raise ValueError(
-            f"Expected more than 1 value per channel when training, got {int(total)} "
-            "over all ranks"
-        )
+    shifts = rows[:, 1 : 1 + channels]
+    sums = rows[:, 1 + channels : 1 + 2 * channels]
+    squares = rows[:, 1 + 2 * channels :]
+    safe = counts.clamp(min=1)
+    means = shifts + sums / safe
+    m2s = squares - sums.square() / safe
+    total = counts.sum()
     mean = (counts * means).sum(0) / total
     m2 = m2s.sum(0) + (counts * (means - mean).square()).sum(0)
     return total, mean, m2
 
 
-def _normalise(x: Tensor, mean_hi: Tensor, mean_lo: Tensor, invstd: Tensor) -> Tensor:
-    """(x - mean) * invstd with the mean as a hi + lo pair: x - hi is exact near the mean."""
-    return (x - _channel_view(mean_hi, x) - _channel_view(mean_lo, x)) * _channel_view(invstd, x)
-
-
 class SyncBatchNormFunction(torch.autograd.Function):
-    """Differentiable synced BN over `world_size` ranks of `process_group`.
+    """Differentiable synced BN over the ranks of the process group named `group`.
 
     Returns (output, batch mean, unbiased batch variance), the statistics in float64; they are
     not differentiable and are what the caller folds into the running buffers.
@@ -94,59 +169,52 @@ class SyncBatchNormFunction(torch.autograd.Function):
         weight: Tensor | None,
         bias: Tensor | None,
         eps: float,
-        process_group: ProcessGroup | None,
-        world_size: int,
+        group: str,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        xs = x.to(_stat_dtype(x.dtype))
-        local = _local_moments(xs)
-        gathered = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(gathered, local, group=process_group)
-        total, mean, m2 = _merge_moments(torch.stack(gathered), x.shape[1])
-        mean_hi = mean.to(xs.dtype)
-        mean_lo = (mean - mean_hi.double()).to(xs.dtype)
-        invstd = torch.rsqrt(m2 / total + eps).to(xs.dtype)
-        out = _normalise(xs, mean_hi, mean_lo, invstd)
-        if weight is not None:
-            out = out * _channel_view(weight.to(xs.dtype), xs)
-        if bias is not None:
-            out = out + _channel_view(bias.to(xs.dtype), xs)
-        ctx.save_for_backward(x, weight, mean_hi, mean_lo, invstd)
-        ctx.total = total  # type: ignore[attr-defined]
-        ctx.process_group = process_group  # type: ignore[attr-defined]
-        ctx.bias_dtype = None if bias is None else bias.dtype  # type: ignore[attr-defined]
-        unbiased_var = m2 / (total - 1)
-        ctx.mark_non_differentiable(mean, unbiased_var)
-        return out.to(x.dtype), mean, unbiased_var
+        channels = x.shape[1]
+        stat = _stat_dtype(x.dtype)
+        local, centred = local_moments(x)
+        gathered = _all_gather(local, group).view(-1, local.numel())
+        total, mean, m2 = merge_moments(gathered, channels)
+        shift = local[1 : 1 + channels]
+        torch._assert_async(total > 1, "Expected more than 1 value per channel when training "
+                                       "(over all ranks)")
+        offset = (mean - shift).to(stat)  # the global mean relative to this rank's s
+        var = (m2 / total).to(stat)
+        out = F.batch_norm(centred, offset, var, weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(centred, weight, offset, var, total)
+        ctx.eps = eps  # type: ignore[attr-defined]
+        ctx.group = group  # type: ignore[attr-defined]
+        ctx.has_bias = bias is not None  # type: ignore[attr-defined]
+        unbiased = m2 / (total - 1)
+        ctx.mark_non_differentiable(mean, unbiased)
+        return out, mean, unbiased
 
     @staticmethod
-    @once_differentiable
     def backward(  # type: ignore[override]
         ctx: FunctionCtx, grad_out: Tensor, _grad_mean: Tensor, _grad_var: Tensor
     ) -> tuple[Tensor | None, ...]:
-        x, weight, mean_hi, mean_lo, invstd = ctx.saved_tensors  # type: ignore[attr-defined]
-        dims = _reduce_dims(x)
-        xs = x.to(invstd.dtype)
-        dy = grad_out.to(invstd.dtype)
-        xhat = _normalise(xs, mean_hi, mean_lo, invstd)
-        sum_dy = dy.sum(dims)
-        sum_dy_xhat = (dy * xhat).sum(dims)
+        centred, weight, offset, var, total = ctx.saved_tensors  # type: ignore[attr-defined]
+        eps = ctx.eps  # type: ignore[attr-defined]
+        sum_dy_xhat, sum_dy = _channel_sums(grad_out, centred, offset, var, eps)
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
-            global_sums = torch.cat([sum_dy, sum_dy_xhat])
-            dist.all_reduce(global_sums, group=ctx.process_group)  # type: ignore[attr-defined]
-            total = ctx.total  # type: ignore[attr-defined]
-            mean_dy, mean_dy_xhat = (global_sums / total).split(x.shape[1])
-            scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
-            grad_input = (
-                (dy - _channel_view(mean_dy, xs) - xhat * _channel_view(mean_dy_xhat, xs))
-                * _channel_view(scale, xs)
-            ).to(x.dtype)
+            sums = _all_reduce(torch.cat([sum_dy, sum_dy_xhat]),
+                               ctx.group)  # type: ignore[attr-defined]
+            mean_dy, mean_dy_xhat = (sums / total.to(sums.dtype)).chunk(2)
+            scale = torch.rsqrt(var + eps)
+            if weight is not None:
+                scale = scale * weight.to(scale.dtype)
+            # -scale * (xhat * mean dy xhat + mean dy): torch's eval-mode BN as the affine pass
+            affine = F.batch_norm(centred, offset, var, -scale * mean_dy_xhat,
+                                  -scale * mean_dy, False, 0.0, eps)
+            grad_input = torch.addcmul(affine, grad_out, _channel_view(scale, centred))
+            grad_input = grad_input.to(grad_out.dtype)
         if weight is not None and ctx.needs_input_grad[1]:  # type: ignore[attr-defined]
             grad_weight = sum_dy_xhat.to(weight.dtype)
-        bias_dtype = ctx.bias_dtype  # type: ignore[attr-defined]
-        if bias_dtype is not None and ctx.needs_input_grad[2]:  # type: ignore[attr-defined]
-            grad_bias = sum_dy.to(bias_dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None
+        if ctx.has_bias and ctx.needs_input_grad[2]:  # type: ignore[attr-defined]
+            grad_bias = sum_dy.to(grad_out.dtype if weight is None else weight.dtype)
+        return grad_input, grad_weight, grad_bias, None, None
 
 
 def sync_batch_norm(
@@ -155,18 +223,27 @@ def sync_batch_norm(
     running_var: Tensor | None,
     weight: Tensor | None,
     bias: Tensor | None,
-    momentum: float,
+    num_batches_tracked: Tensor | None,
+    momentum: float | None,
     eps: float,
-    process_group: ProcessGroup | None,
-    world_size: int,
+    group: str,
 ) -> Tensor:
-    """Training-mode BN over the global batch of all ranks; updates the running buffers (when
-    given) with the global mean and the unbiased global variance, as `F.batch_norm` does."""
-    out, mean, var = SyncBatchNormFunction.apply(
-        x, weight, bias, eps, process_group, world_size
-    )
+    """Training-mode BN over the global batch of all ranks of `group` (a process-group name).
+
+    Updates the running buffers (when given) with the global mean and unbiased variance as
+    `F.batch_norm` does; counts the step in `num_batches_tracked` (when given), whose value is
+    the cumulative-average factor when `momentum` is None (a tensor: no host read)."""
+    out, mean, var = SyncBatchNormFunction.apply(x, weight, bias, eps, group)
+    if num_batches_tracked is not None:
+        num_batches_tracked.add_(1)
     if running_mean is not None and running_var is not None:
+        factor: float | Tensor
+        if momentum is None:
+            factor = 1.0 / num_batches_tracked.double() if num_batches_tracked is not None else 0.0
+        else:
+            factor = momentum
         with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-            running_var.mul_(1 - momentum).add_(var.to(running_var.dtype), alpha=momentum)
+            running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype) * factor)
+            running_var.mul_(1 - factor).add_(var.to(running_var.dtype) * factor)
     return out
+

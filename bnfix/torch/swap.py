@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from bnfix.rulebook import ModuleSpec, torch_modules
 from bnfix.torch.report import ConversionRecord, ConversionRefused, ConversionReport
 
 ORIGINS_ATTR = "_bnfix_origins"
@@ -72,37 +73,58 @@ def undo_swap(module: nn.Module) -> None:
     module.__class__ = origin.cls
 
 
+def class_name(cls: type) -> str:
+    """A class as the catalogue names it: `module.qualname`."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def module_spec(module: nn.Module) -> ModuleSpec | None:
+    return torch_modules().get(class_name(type(module)))
+
+
 @functools.cache
-def derived_class(cls: type[nn.Module], behaviour: type[_BatchNorm]) -> type[nn.Module]:
-    """`class <Prefix><Cls>(cls, behaviour)`: the MRO is Cls, Cls's torch base (BatchNorm2d, which
-    defines no forward), then `behaviour`, so a subclass's own forward still runs and its
-    `super().forward(x)` reaches `behaviour.forward`. Cached: one class per (cls, behaviour).
-    Raises TypeError when the two cannot be combined (metaclass or layout conflicts)."""
+def _over(behaviour: type[nn.Module], plain: type[nn.Module]) -> type[nn.Module]:
+    """`behaviour` placed before `plain` in an MRO (see `derived_class`)."""
+    return type(behaviour.__name__, (behaviour, plain),
+                {"__slots__": (), "__module__": __name__, "__doc__": behaviour.__doc__})
+
+
+def plain_with_forward(cls: type[nn.Module]) -> type[nn.Module] | None:
+    """The nearest base of `cls` listed as plain BN that defines its own forward (torch's
+    nn.SyncBatchNorm: it syncs with CUDA kernels and skips batch_norm once a group exists)."""
+    plain = {name for name, spec in torch_modules().items()
+             if spec.outcome("convert_sync") == "plain"}
+    for klass in cls.__mro__[1:]:
+        if klass is _BatchNorm:
+            return None
+        if "forward" in vars(klass) and class_name(klass) in plain:
+            return klass
+    return None
+
+
+@functools.cache
+def derived_class(cls: type[nn.Module], behaviour: type[nn.Module], kind: str,
+                  make_forward: Callable[[type[nn.Module]], Callable[..., Any]]
+                  ) -> type[nn.Module]:
+    """`class <Prefix><Cls>(cls, behaviour)` whose forward is `make_forward(cls)` (one that runs
+    cls.forward, see `bnfix.torch.redirect`): a `cls` and a `behaviour` instance at once, every method and
+    attribute of `cls` kept, and `super().forward` inside cls.forward reaching
+    `behaviour.forward` (when cls derives from a BN class with its own forward, torch's
+    nn.SyncBatchNorm, `behaviour` is put before that class in the MRO). Cached per
+    (cls, behaviour, kind, make_forward). Raises TypeError when the two cannot be combined."""
     name = behaviour.__name__.removesuffix("BatchNorm") + cls.__name__
     doc = f"{cls.__qualname__} with {behaviour.__qualname__} behaviour (made by bnfix.torch)."
-    return type(name, (cls, behaviour), {"__slots__": (), "__module__": __name__, "__doc__": doc})
-
-
-def forward_bypass(target: type[nn.Module], behaviour: type[_BatchNorm]) -> str | None:
-    """Why `target` would not run `behaviour.forward`: the first class before `behaviour` in the
-    MRO whose forward does not call `super().forward` (a heuristic on its code: it must mention
-    both `super` and `forward`); None when every override delegates."""
-    for klass in target.__mro__[1:]:
-        if klass is behaviour:
-            return None
-        forward = vars(klass).get("forward")
-        code = getattr(forward, "__code__", None)
-        if forward is not None and (code is None or not {"super", "forward"} <= set(code.co_names)):
-            return (f"{klass.__qualname__}.forward does not call super().forward(), so it would "
-                    f"bypass {behaviour.__name__}")
-    raise TypeError(f"{behaviour.__name__} is not in the MRO of {target.__name__}")
+    plain = plain_with_forward(cls)
+    base = behaviour if plain is None else _over(behaviour, plain)
+    return type(name, (cls, base), {"__slots__": (), "__module__": __name__, "__doc__": doc,
+                                    "forward": make_forward(cls)})
 
 
 @dataclass
 class Site:
     """One BN module object and every dotted path it is registered under ("" for the root)."""
 
-    module: _BatchNorm
+    module: nn.Module
     paths: list[str]
 
     @property
@@ -110,10 +132,15 @@ class Site:
         return self.paths[0]
 
 
+def is_bn(module: nn.Module) -> bool:
+    """A torch _BatchNorm, or a class the catalogue lists (torchvision's FrozenBatchNorm2d)."""
+    return isinstance(module, _BatchNorm) or module_spec(module) is not None
+
+
 def bn_sites(root: nn.Module) -> list[Site]:
     sites: dict[int, Site] = {}
     for path, module in root.named_modules(remove_duplicate=False):
-        if isinstance(module, _BatchNorm):
+        if is_bn(module):
             sites.setdefault(id(module), Site(module, [])).paths.append(path)
     return list(sites.values())
 

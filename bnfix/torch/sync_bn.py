@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import torch.fx
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from bnfix.torch.distributed import ProcessGroup, sync_world_size
+from bnfix.torch.distributed import ProcessGroup, sync_group
 from bnfix.torch.functional import sync_batch_norm
+
+torch.fx.wrap("sync_batch_norm")  # one node in a torch.fx graph, not traced into
+
+
+def bn_kwargs(bias: bool) -> dict[str, bool]:
+    """`bias=` for torch's BN constructor, passed only when set (torch < 2.6 lacks it)."""
+    return {} if bias else {"bias": False}
+
+
+def check_input_dim(input: Tensor) -> None:
+    """(N, C, ...) of any rank >= 2, as torch's BN says it. Under torch.fx the check is a
+    traced `torch._assert` (a branch on a traced value would stop the trace)."""
+    if isinstance(input, torch.fx.Proxy):
+        torch._assert(input.dim() >= 2, "expected at least 2D input")
+    elif input.dim() < 2:
+        raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -16,9 +32,10 @@ class SyncBatchNorm(_BatchNorm):
 
     In training mode with more than one rank in `process_group` (the default group when None),
     batch statistics are those of the global batch (see `bnfix.torch.functional`). In eval mode,
-    outside an initialised process group, or with one rank, it is exactly plain BN
-    (`F.batch_norm`). Any input of shape (N, C, ...) is accepted; parameters, buffers and
-    `state_dict` keys are those of torch's BN classes, so checkpoints load both ways.
+    outside an initialised process group, or with one rank, it is torch's own BN
+    (`_BatchNorm.forward`, bit for bit). Any input of shape (N, C, ...) is accepted; the
+    constructor takes what torch's BN classes take; parameters, buffers and `state_dict` keys
+    are theirs, so checkpoints load both ways.
     """
 
     process_group: ProcessGroup | None
@@ -33,34 +50,24 @@ class SyncBatchNorm(_BatchNorm):
         process_group: ProcessGroup | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        bias: bool = True,
     ) -> None:
-        super().__init__(
-            num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype
-        )
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype, **bn_kwargs(bias))
         self.process_group = process_group
 
     def _check_input_dim(self, input: Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+        check_input_dim(input)
 
     def forward(self, input: Tensor) -> Tensor:
+        group = sync_group(self.process_group) if self.training else None
+        if group is None:
+            return super().forward(input)
         self._check_input_dim(input)
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average
-                factor = 1.0 / float(self.num_batches_tracked)
-        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        keep_buffers = not self.training or self.track_running_stats
-        running_mean = self.running_mean if keep_buffers else None
-        running_var = self.running_var if keep_buffers else None
-        world_size = sync_world_size(self.process_group) if self.training else 1
-        if world_size > 1:
-            return sync_batch_norm(
-                input, running_mean, running_var, self.weight, self.bias, factor, self.eps,
-                self.process_group, world_size,
-            )
-        return F.batch_norm(
-            input, running_mean, running_var, self.weight, self.bias, use_batch_stats, factor,
-            self.eps,
+        track = self.track_running_stats
+        return sync_batch_norm(
+            input, self.running_mean if track else None, self.running_var if track else None,
+            self.weight, self.bias, self.num_batches_tracked if track else None, self.momentum,
+            self.eps, group,
         )

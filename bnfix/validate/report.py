@@ -32,7 +32,8 @@ def _fidelity(v: Validation) -> list[str]:
     for f in v.fidelity:
         counts = f"{f.converted} converted, {len(f.refused)} refused"
         lines.append(f"  {f.name:<{width}}  {counts:<24}  max abs {_e(f.max_abs)}  "
-                     f"max rel {_e(f.max_rel)}  {_mark(f.max_rel, v.tolerance)}"
+                     f"max rel {_e(f.max_rel)}  "
+                     f"{'PROBLEM' if f.problem else _mark(f.max_rel, v.tolerance)}"
                      + (f"  ({f.note})" if f.note else ""))
         by_reason: dict[str, list[str]] = {}
         for r in f.refused:

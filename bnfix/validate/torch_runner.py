@@ -183,6 +183,18 @@ def _refusals(report: bt.ConversionReport) -> tuple[Refusal, ...]:
     return tuple(Refusal(r.where, r.from_class, r.reason) for r in report.refused)
 
 
+def refusal_problem(report: bt.ConversionReport) -> str:
+    """What refusals of a sync conversion mean for the synced run ("" when there are none)."""
+    refused = len(report.refused)
+    if not refused:
+        return ""
+    if not report.converted:
+        return (f"refused every BN layer ({refused} refused, 0 converted): nothing is synced, "
+                "the synced run is the unsynced one")
+    return (f"{refused} of {refused + len(report.converted)} BN layers refused: they stay "
+            "unsynced in the synced run")
+
+
 def _classes(model: nn.Module) -> list[str]:
     return [f"{path}:{type(m).__qualname__}" for path, m in model.named_modules()]
 
@@ -196,14 +208,16 @@ def conversion_fidelity(model: nn.Module, x: torch.Tensor) -> tuple[Fidelity, ..
     synced, to_sync = copy.deepcopy(model), bt.ConversionReport()
     bt.convert_sync(synced, report=to_sync)
     results = [Fidelity("convert_sync", *output_error(synced.eval()(x).cpu().numpy(), want),
-                        len(to_sync.converted), _refusals(to_sync))]
+                        len(to_sync.converted), _refusals(to_sync),
+                        problem=refusal_problem(to_sync))]
     back = bt.ConversionReport()
     bt.revert_sync(synced, report=back)
     same = _classes(synced) == _classes(model)
+    problems = ([] if same else ["the reverted model's classes differ from the original's"]) + \
+        ([f"{len(back.refused)} synced layers not reverted"] if back.refused else [])
     results.append(Fidelity(
         "revert_sync", *output_error(synced.eval()(x).cpu().numpy(), want), len(back.converted),
-        _refusals(back), "exact original classes restored" if same else "",
-        "" if same else "the reverted model's classes differ from the original's"))
+        _refusals(back), "exact original classes restored" if same else "", "; ".join(problems)))
     folded, fold_report = copy.deepcopy(model), bt.ConversionReport()
     bt.fold(folded, report=fold_report)
     results.append(Fidelity("fold", *output_error(folded(x).cpu().numpy(), want),
