@@ -41,10 +41,10 @@ PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than 
 
 
 def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], all_syntax: bool,
-                explicit: bool, max_bytes: int) -> Worker:
+                explicit: bool, max_bytes: int, overlay: dict[str, str] | None = None) -> Worker:
     engine = Engine(load_rulebook(), enabled, targets, all_syntax)
     engine.target_explicit = explicit
-    return Worker(engine, max_bytes)
+    return Worker(engine, max_bytes, overlay=dict(overlay or {}))
 
 
 @dataclass
@@ -66,8 +66,11 @@ class Plan:
 
 class ProjectRunner:
     def __init__(self, engine: Engine, *, cache: Cache | None, fix: bool, unsafe: bool,
-                 jobs: int, max_bytes: int) -> None:
+                 jobs: int, max_bytes: int, overlay: dict[str, str] | None = None) -> None:
+        """`overlay`: texts that stand in for files, by absolute path (an editor's unsaved
+        buffers); the cache is neither read nor written for them."""
         self.engine = engine
+        self.overlay = dict(overlay or {})
         self.cache = cache
         self.fix = fix
         self.unsafe = unsafe
@@ -95,7 +98,7 @@ class ProjectRunner:
             path, ignored = shown.get(absolute, (absolute, frozenset()))
             plan = Plan(path, absolute, ref, absolute in shown, ignored, context,
                         _worker(absolute, max(1, min(self.jobs, 8))))
-            if self.cache is not None:
+            if self.cache is not None and absolute not in self.overlay:
                 plan.entry = self.cache.fresh(absolute, context)
                 if plan.entry is not None and plan.entry.summary is not None:
                     assert plan.entry.summary_digest is not None
@@ -111,7 +114,8 @@ class ProjectRunner:
             size = max(1, min(self.jobs, 8)) if count >= PARALLEL_THRESHOLD else 1
             factory = functools.partial(make_worker, self.engine.enabled, self.engine.targets,
                                         self.engine.all_syntax_errors,
-                                        self.engine.target_explicit, self.max_bytes)
+                                        self.engine.target_explicit, self.max_bytes,
+                                        self.overlay)
             self._pool = Processes(size, factory) if size > 1 else InProcess(factory)
             assert self._modules is not None
             tops = self._modules.first_party_tops()
@@ -153,7 +157,8 @@ class ProjectRunner:
         if todo:
             jobs = []
             for plan in todo:
-                stale = self.cache.get(plan.absolute) if self.cache is not None else None
+                stale = self.cache.get(plan.absolute) \
+                    if self.cache is not None and plan.absolute not in self.overlay else None
                 known = stale.digest if stale is not None and stale.context == plan.context else None
                 # an `__init__.py` is always summarised: its re-exports are how imports resolve
                 jobs.append((plan.worker, (plan.absolute, plan.ref, plan.ref.package,
