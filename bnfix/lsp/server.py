@@ -68,6 +68,7 @@ class BnfixServer(LanguageServer):
         self._tasks: set[asyncio.Task[None]] = set()
         self._errors: set[str] = set()  # configuration errors shown to the user (until fixed)
         self._notes: set[str] = set()
+        self._published: dict[str, tuple[int | None, list[types.Diagnostic]]] = {}
 
     # -- documents ------------------------------------------------------------------------
 
@@ -100,6 +101,7 @@ class BnfixServer(LanguageServer):
         if self.documents.pop(uri, None) is None:
             return
         self.analysed.pop(uri, None)
+        self._published.pop(uri, None)
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri, []))
         self.changed()  # documents that depend on its unsaved text see the file again
 
@@ -185,6 +187,9 @@ class BnfixServer(LanguageServer):
         positions = Positions(doc.text, self.encoding)
         others: dict[str, Positions | None] = {}
         diagnostics = [self.to_lsp(d, doc, positions, others) for d in result.diagnostics]
+        if self._published.get(doc.uri) == (doc.version, diagnostics):
+            return  # every open document is analysed again after each edit: say only news
+        self._published[doc.uri] = (doc.version, diagnostics)
         self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
             doc.uri, diagnostics, doc.version))
 
@@ -300,8 +305,8 @@ def rewrite(source: SourceText, new: str) -> Edit:
     old_rows = [source.line_with_ending(r) for r in range(1, source.row_count + 1)]
     new_source = SourceText(new)
     new_rows = [new_source.line_with_ending(r) for r in range(1, new_source.row_count + 1)]
-    head = 0
-    while head < min(len(old_rows), len(new_rows)) and old_rows[head] == new_rows[head]:
+    head = 0  # common rows before the edit (never the last row: the edit starts at a row)
+    while head < min(len(old_rows), len(new_rows)) - 1 and old_rows[head] == new_rows[head]:
         head += 1
     tail = 0
     while tail < min(len(old_rows), len(new_rows)) - head and \
