@@ -105,7 +105,30 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_arguments(sub.add_parser(
         "doctor", help="run a training command with BN monitors and diagnose BN (runs your code)",
         epilog="Exit codes: 0 no finding, 1 findings, 2 usage error or the command failed."))
+    server = sub.add_parser(
+        "server", help="run the language server for editors (LSP over stdin/stdout)",
+        description="A Language Server for editors (LSP over stdin/stdout): diagnostics for "
+                    "open Python files — with their unsaved text, the project's [tool.bnfix] "
+                    "configuration and the project around them, as `bnfix check` reports them — "
+                    "and code actions: each finding's fix (unsafe ones labelled), `# noqa` for "
+                    "its line, and all safe fixes (source.fixAll.bnfix). See docs/editor.md.",
+        epilog="Exit codes: 0 after the client's shutdown request, 1 when the client exits "
+               "without one, 2 usage (the server needs pygls: pip install \"bnfix[lsp]\").")
+    server.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="do not read or write .bnfix_cache/")
+    server.add_argument("--debounce", type=_seconds, default=None, metavar="SECONDS",
+                        help="wait this long after an edit before analysing (default 0.15)")
     return parser
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 60:
+        raise argparse.ArgumentTypeError(f"`{value}` is not a number of seconds from 0 to 60")
+    return seconds
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
@@ -206,9 +229,16 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_server(args: argparse.Namespace) -> int:
+    from bnfix.lsp.server import DEBOUNCE_SECONDS, serve
+
+    return serve(cache=args.cache,
+                 debounce=DEBOUNCE_SECONDS if args.debounce is None else args.debounce)
+
+
 COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules,
             "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate,
-            "doctor": _cmd_doctor}
+            "doctor": _cmd_doctor, "server": _cmd_server}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # Commands whose front-ends need the optional frameworks, and the extra that brings each module.
-EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate", "doctor"})
+EXTRAS_COMMANDS = frozenset({"convert", "inspect", "validate", "doctor", "server"})
 EXTRAS = {"torch": "torch", "numpy": "torch", "tensorflow": "tf", "keras": "tf", "h5py": "tf",
-          "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plot"}
+          "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plot", "pygls": "lsp",
+          "lsprotocol": "lsp"}
 
 INTERRUPTED = ("interrupted: files already fixed are complete, the others are unchanged "
                "(every write is a whole-file rename)")

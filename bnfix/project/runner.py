@@ -46,11 +46,12 @@ PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than 
 
 
 def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], all_syntax: bool,
-                explicit: bool, max_bytes: int, pin_root: str | None = None) -> Worker:
+                explicit: bool, max_bytes: int, pin_root: str | None = None,
+                overlay: dict[str, str] | None = None) -> Worker:
     engine = Engine(load_rulebook(), enabled, targets, all_syntax)
     engine.target_explicit = explicit
     engine.pin_root = pin_root
-    return Worker(engine, max_bytes)
+    return Worker(engine, max_bytes, overlay=dict(overlay or {}))
 
 
 @dataclass
@@ -72,8 +73,11 @@ class Plan:
 
 class ProjectRunner:
     def __init__(self, engine: Engine, *, cache: Cache | None, fix: bool, unsafe: bool,
-                 jobs: int, max_bytes: int) -> None:
+                 jobs: int, max_bytes: int, overlay: dict[str, str] | None = None) -> None:
+        """`overlay`: texts that stand in for files, by absolute path (an editor's unsaved
+        buffers); the cache is neither read nor written for them."""
         self.engine = engine
+        self.overlay = dict(overlay or {})
         self.cache = cache
         self.fix = fix
         self.unsafe = unsafe
@@ -103,7 +107,7 @@ class ProjectRunner:
             path, ignored = shown.get(absolute, (absolute, frozenset()))
             plan = Plan(path, absolute, ref, absolute in shown, ignored, context,
                         _worker(absolute, max(1, min(self.jobs, 8))))
-            if self.cache is not None:
+            if self.cache is not None and absolute not in self.overlay:
                 plan.entry = self.cache.fresh(absolute, context)
                 if plan.entry is not None and plan.entry.summary is not None:
                     assert plan.entry.summary_digest is not None
@@ -120,7 +124,7 @@ class ProjectRunner:
             factory = functools.partial(make_worker, self.engine.enabled, self.engine.targets,
                                         self.engine.all_syntax_errors,
                                         self.engine.target_explicit, self.max_bytes,
-                                        self.engine.pin_root)
+                                        self.engine.pin_root, self.overlay)
             self._pool = Processes(size, factory) if size > 1 else InProcess(factory)
             assert self._modules is not None
             tops = self._modules.first_party_tops()
@@ -162,7 +166,8 @@ class ProjectRunner:
         if todo:
             jobs = []
             for plan in todo:
-                stale = self.cache.get(plan.absolute) if self.cache is not None else None
+                stale = self.cache.get(plan.absolute) \
+                    if self.cache is not None and plan.absolute not in self.overlay else None
                 known = stale.digest if stale is not None and stale.context == plan.context else None
                 # an `__init__.py` is always summarised: its re-exports are how imports resolve
                 jobs.append((plan.worker, (plan.absolute, plan.ref, plan.ref.package,
@@ -205,10 +210,12 @@ class ProjectRunner:
         if self._pairs is None:
             assert self._modules is not None
             self._pairs = interesting_pairs(ProjectIndex(self.store, self._modules))
-        try:
-            text = decode(read_source(path, self.max_bytes)).text
-        except (Skipped, SourceError):
-            return False
+        text = self.overlay.get(path)
+        if text is None:
+            try:
+                text = decode(read_source(path, self.max_bytes)).text
+            except (Skipped, SourceError):
+                return False
         words = _code_names(text)
         return any(module in words and name in words for module, name in self._pairs)
 

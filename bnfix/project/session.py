@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
 import re
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,9 +93,19 @@ class Worker:
     max_bytes: int = DEFAULT_MAX_FILE_BYTES
     lifted: dict[str, tuple[str, str, Lifted]] = field(default_factory=dict)  # path -> digest, encoding, lifted
     first_party: frozenset[str] = frozenset()
+    # texts that stand in for files, by absolute path (an editor's unsaved buffers)
+    overlay: dict[str, str] = field(default_factory=dict)
 
     def set_project(self, first_party: frozenset[str]) -> None:
         self.first_party = first_party
+
+    def read(self, path: str) -> bytes:
+        """The file's bytes; for a path in the overlay, its text encoded as its coding
+        declaration says (what saving it would write), so that decode() gives the text back."""
+        text = self.overlay.get(path)
+        if text is None:
+            return read_source(path, self.max_bytes)
+        return encode_source(text)
 
     def summarise_file(self, path: str, module: ModuleRef, force: bool, keep: bool,
                        known: str | None) -> Summarised:
@@ -111,13 +123,15 @@ class Worker:
                   force: bool, keep: bool, known: str | None = None) -> Summarised:
         """Read and (if it mentions a rule's words, or `force`) lift and summarise one file;
         with `known`, content with that digest is not lifted again (the cache has it)."""
+        before = None
+        if path not in self.overlay:  # an overlay's summary is not the file's: never cached
+            try:
+                st = os.stat(path)
+                before = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                pass
         try:
-            st = os.stat(path)
-            before = (st.st_mtime_ns, st.st_size)
-        except OSError:
-            before = None
-        try:
-            data = read_source(path, self.max_bytes)
+            data = self.read(path)
         except Skipped as exc:
             return Summarised(path, None, None, False, note=f"{path}: {exc}")
         except SourceError as exc:
@@ -150,7 +164,7 @@ class Worker:
     def mentions(self, path: str, names: tuple[str, ...]) -> tuple[str, bool]:
         """Whether the file's text holds one of the names (as a word)."""
         try:
-            text = decode(read_source(path, self.max_bytes)).text
+            text = decode(self.read(path)).text
         except (Skipped, SourceError):
             return path, False
         if len(names) <= 16:  # a substring search per name beats a regex alternation
@@ -163,7 +177,7 @@ class Worker:
               ignored: frozenset[str], known: str | None) -> FileResult:
         kept = self.lifted.pop(path, None)
         try:
-            data = read_source(path, self.max_bytes)
+            data = self.read(path)
         except Skipped as exc:
             return FileResult(path, notes=[f"{path}: {exc}"], ignored=ignored)
         except SourceError as exc:
@@ -186,6 +200,23 @@ class Worker:
         result.digest = digest
         result.ignored = ignored
         return result
+
+
+def encode_source(text: str) -> bytes:
+    """`text` as the bytes of a file: in the encoding its PEP 263 cookie declares (UTF-8 by
+    default); raises SourceError (BN901) when the text cannot be written in it."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(text.encode("utf-8")).readline)
+    except SyntaxError:
+        encoding = "utf-8"  # an unknown codec is declared: decode() reports it
+    if encoding == "utf-8-sig":  # the text holds its byte-order mark
+        encoding = "utf-8"
+    try:
+        return text.encode(encoding)
+    except UnicodeEncodeError as exc:
+        raise SourceError("BN901", f"cannot be written as {encoding}, the encoding it declares "
+                                   f"({exc.reason} at character {exc.start}); declare another "
+                                   "one or remove the character") from exc
 
 
 @functools.lru_cache(maxsize=64)
