@@ -57,7 +57,6 @@ def _rules_index(rulebook, book) -> str:  # noqa: ANN001
 
 def site_readme(readme: str, present: set[str], pending: set[str], repo_url: str | None) -> str:
     """README.md as the site's front page."""
-    readme = RULE_ROW.sub(lambda m: f"| [{m[1]}](rules/{m[1]}.md) |", readme)
 
     def rewrite(match: re.Match[str]) -> str:
         bang, text, target = match.groups()
@@ -77,4 +76,5 @@ def site_readme(readme: str, present: set[str], pending: set[str], repo_url: str
         kind = "tree" if local.is_dir() else "blob"
         return f"{bang}[{text}]({repo_url.rstrip('/')}/{kind}/main/{path.rstrip('/')})"
 
-    return LINK.sub(rewrite, readme)
+    readme = LINK.sub(rewrite, readme)
+    return RULE_ROW.sub(lambda m: f"| [{m[1]}](rules/{m[1]}.md) |", readme)

@@ -21,7 +21,7 @@ says what it is.
 Directives, in an HTML comment on the line just above the fence (invisible once rendered),
 several separated by ``;``::
 
-    <!-- docs-test: skip (REASON) -->   not run; the test lists the reason
+    <!-- docs-test: skip (REASON) -->   not run; the test lists the reason (in parentheses)
     <!-- docs-test: newcomer -->        run only by scripts/newcomer (a fresh clone and venv)
     <!-- docs-test: project -->         runs in "your project" (see below), not the repository
     <!-- docs-test: file NAME -->       the block is written to NAME in its folder first
@@ -94,7 +94,12 @@ def _directives(lines: list[str], fence_index: int) -> dict[str, str]:
     if match is None:
         return {}
     out: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in match.group(1).split(";"))):
+    body = match.group(1)
+    reason = re.search(r"\bskip\s*\((.*)\)", body)  # a reason may hold `;`
+    if reason is not None:
+        out["skip"] = reason.group(1)
+        body = body[:reason.start()] + body[reason.end():]
+    for item in filter(None, (part.strip() for part in body.split(";"))):
         key, _, value = item.partition(" ")
         out[key] = value.strip()
     return out
