@@ -210,6 +210,7 @@ class Workspace:
     scratch: Path  # where the project and tool homes are made
     python: Path = field(default_factory=lambda: Path(sys.executable))
     run_newcomer: bool = False
+    env_overrides: dict[str, str | None] = field(default_factory=dict)  # None: unset
     _project: Path | None = None
 
     @classmethod
@@ -233,6 +234,11 @@ class Workspace:
             "GIT_COMMITTER_NAME": "docs test", "GIT_COMMITTER_EMAIL": "docs@example.invalid",
             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": str(home / "gitconfig"),
         })
+        for key, value in self.env_overrides.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         return env
 
     @property
