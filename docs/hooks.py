@@ -26,33 +26,33 @@ RULE_ROW = re.compile(r"^\| (BN\d{3}) \|", re.MULTILINE)
 log = logging.getLogger("mkdocs.hooks.bnfix")
 
 
-def _rulebook():  # noqa: ANN202 - bnfix may be imported from the checkout
+def _rule_pages() -> dict[str, str]:
+    """{path: Markdown} of the rule pages, from the checkout's rule files (bnfix is imported
+    from the checkout when it is not installed)."""
     try:
-        import bnfix.rulebook as rulebook
+        from bnfix.rulebook import load_rulebook, rules_table_markdown
     except ImportError:
         sys.path.insert(0, str(REPO))
-        import bnfix.rulebook as rulebook
-    return rulebook, rulebook.load_rulebook(REPO / "rules")
+        from bnfix.rulebook import load_rulebook, rules_table_markdown
+    book = load_rulebook(REPO / "rules")
+    pages = {f"rules/{code}.md": rule.markdown() for code, rule in sorted(book.rules.items())}
+    table = RULE_ROW.sub(lambda m: f"| [{m[1]}]({m[1]}.md) |", rules_table_markdown(book))
+    pages["rules/index.md"] = (
+        "# All rules\n\nOne page per rule file (`rules/BNxxx.toml`), the same text as "
+        "`bnfix rule CODE`. Source rules are run by `bnfix check`, BN2xx by `bnfix inspect`, "
+        "BN3xx by `bnfix doctor`.\n\n" + table)
+    return pages
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    rulebook, book = _rulebook()
-    for code, rule in sorted(book.rules.items()):
-        files.append(File.generated(config, f"rules/{code}.md", content=rule.markdown()))
-    files.append(File.generated(config, "rules/index.md", content=_rules_index(rulebook, book)))
+    for path, content in _rule_pages().items():
+        files.append(File.generated(config, path, content=content))
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     present = {f.src_uri for f in files} | {"index.md"}
     pending = set(config.extra.get("pending_pages", ()))
     files.append(File.generated(config, "index.md",
                                 content=site_readme(readme, present, pending, config.repo_url)))
     return files
-
-
-def _rules_index(rulebook, book) -> str:  # noqa: ANN001
-    table = RULE_ROW.sub(lambda m: f"| [{m[1]}]({m[1]}.md) |", rulebook.rules_table_markdown(book))
-    return ("# All rules\n\nOne page per rule file (`rules/BNxxx.toml`), the same text as "
-            "`bnfix rule CODE`. Source rules are run by `bnfix check`, BN2xx by `bnfix inspect`, "
-            "BN3xx by `bnfix doctor`.\n\n" + table)
 
 
 def site_readme(readme: str, present: set[str], pending: set[str], repo_url: str | None) -> str:
