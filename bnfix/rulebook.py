@@ -508,7 +508,8 @@ def rules_table_markdown(book: RuleBook) -> str:
     for code in sorted(book.rules):
         rule = book.rules[code]
         on = "yes" if rule.default else "opt-in"
-        rows.append(f"| {code} | {rule.name} | {rule.summary} | {rule.fix} | {on} |")
+        summary = rule.summary.replace("|", "\\|")  # a `|` inside a cell would split it
+        rows.append(f"| {code} | {rule.name} | {summary} | {rule.fix} | {on} |")
     return "\n".join(rows) + "\n"
 
 

@@ -15,7 +15,8 @@ from conftest import REPO, run_bnfix
 
 def _readme_commands() -> list[str]:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The two commands"): readme.index("## Install")]
+    start = readme.index("## The two commands")
+    section = readme[start: readme.index("\n## ", start)]
     return re.findall(r"```sh\n(.+?)\n```", section)
 
 
