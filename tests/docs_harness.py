@@ -142,8 +142,9 @@ def check_labels(blocks: list[Block]) -> None:
         if block.lang == "":
             raise DocsError(f"{block.where}: a code block without a language: fence it with "
                             f"```console, ```sh, ```python, ```toml, ```yaml, ```json or ```text")
-        if block.lang not in RUN | PARSE | TEXT:
-            raise DocsError(f"{block.where}: unknown block language `{block.lang}`")
+        if block.lang not in RUN | PARSE | TEXT and block.skip is None:
+            raise DocsError(f"{block.where}: unknown block language `{block.lang}` (a block in "
+                            "another language needs a skip marker saying what runs it)")
         if block.lang in TEXT and any(line.startswith("$ ") for line in block.text.splitlines()):
             raise DocsError(f"{block.where}: a ```text block with `$ ` command lines: make it "
                             f"```console so that it runs (or mark it skipped with a reason)")
