@@ -23,7 +23,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
-FIX_KINDS = ("safe", "unsafe", "display-only", "none")
+FIX_KINDS = ("safe", "mixed", "unsafe", "display-only", "none")
 EXAMPLE_KINDS = ("valid", "invalid", "fix")
 # What a rule reads: Python source (`bnfix check`), artifacts (`bnfix inspect`: checkpoints,
 # graphs, model files) or a training run (`bnfix doctor`: what the BN monitors recorded).
@@ -92,6 +92,8 @@ class Rule:
         """The rule's documentation in ruff's shape (what `bnfix rule CODE` prints)."""
         fix_line = {
             "safe": "Fix is always available.",
+            "mixed": "Fix is sometimes available (safe where the rewrite is exact, otherwise "
+                     "unsafe: needs `--unsafe-fixes`; see Fix safety).",
             "unsafe": "Fix is sometimes available (unsafe: needs `--unsafe-fixes`).",
             "display-only": "A suggested fix is shown, never applied.",
             "none": "No fix is available.",
@@ -483,6 +485,7 @@ def _migration(entry: dict[str, Any], path: Path) -> Migration:
         keep_unknown=bool(entry.get("keep_unknown", False)),
         add=tuple(entry.get("add", ())),
         display_only=bool(entry.get("display_only", False)),
+        safe_when=tuple(entry.get("safe_when", ())),
     )
 
 
