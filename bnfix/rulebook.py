@@ -29,6 +29,7 @@ EXAMPLE_KINDS = ("valid", "invalid", "fix")
 # graphs, model files) or a training run (`bnfix doctor`: what the BN monitors recorded).
 # Artifact rules' examples are artifacts, runtime rules' examples recordings, not source.
 TARGETS = ("source", "artifact", "runtime")
+COMMANDS = {"source": "bnfix check", "artifact": "bnfix inspect", "runtime": "bnfix doctor"}
 
 
 class RuleBookError(Exception):
@@ -238,6 +239,20 @@ class RuleBook:
         rules; None: every rule). A selector that matches no rule at all is an error."""
         out = self._expand(selectors)
         return out if target is None else {c for c in out if self.rules[c].target == target}
+
+    def misplaced(self, selectors: list[str], target: str) -> tuple[str, str] | None:
+        """The first selector that matches rules of another target only (`--select BN201` on
+        `bnfix check`), with that target; None when every selector fits `target` (an unknown
+        selector is left to `expand` to report)."""
+        for sel in selectors:
+            try:
+                codes = self._expand([sel])
+            except RuleBookError:
+                continue
+            targets = {self.rules[c].target for c in codes}
+            if codes and target not in targets:
+                return sel, min(targets)
+        return None
 
     def _expand(self, selectors: list[str]) -> set[str]:
         out: set[str] = set()
