@@ -44,7 +44,9 @@ class Settings:
     target_origin: str = "default"  # default | configured | pinned (the project's requirements)
     all_syntax_errors: bool = False
     max_file_size: int = DEFAULT_MAX_FILE_BYTES
-    unsafe_fixes: bool = False  # apply unsafe fixes too (`unsafe-fixes = true`)
+    # `unsafe-fixes`: apply unsafe fixes too; None when not set (ruff's "hint": the summary
+    # counts the unsafe fixes held back; an explicit false drops that line, as in ruff)
+    unsafe_fixes: bool | None = None
     cache_dir: Path | None = None  # None: .bnfix_cache/ in the root
 
     @property
@@ -146,9 +148,9 @@ def load_settings(config: Path | None, start: Path) -> Settings:
     target_tf = CURRENT_TENSORFLOW if target is None else parse_version(str(target), path)
     respect = table.get("respect-gitignore", True)
     all_syntax = table.get("report-all-syntax-errors", False)
-    unsafe = table.get("unsafe-fixes", False)
+    unsafe = table.get("unsafe-fixes")
     for key, flag in (("respect-gitignore", respect), ("report-all-syntax-errors", all_syntax),
-                      ("unsafe-fixes", unsafe)):
+                      ("unsafe-fixes", False if unsafe is None else unsafe)):
         if not isinstance(flag, bool):
             raise ConfigError(f"{path}: [tool.bnfix] `{key}` must be true or false")
     return Settings(

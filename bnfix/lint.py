@@ -181,7 +181,7 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
                          "project": (int(options.project),),
                          "explicit": (int(engine.target_explicit),)})
         cache = Cache(settings.root, key, settings.cache_dir)
-    runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=settings.unsafe_fixes,
+    runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=bool(settings.unsafe_fixes),
                            jobs=default_jobs() if options.jobs is None else options.jobs,
                            max_bytes=settings.max_file_size)
     stream = runner.run(reported, scope, root)
@@ -344,7 +344,7 @@ def _run_paths(options: LintOptions, book: RuleBook, settings: Settings, engine:
     log.writelines(f"bnfix: {line}\n" for line in outcome.errors)
     if not options.quiet:
         log.writelines(f"bnfix: warning: {line}\n" for line in outcome.warnings)
-    hidden = formats.hidden_fixes(outcome.remaining, settings.unsafe_fixes)
+    hidden = formats.hidden_fixes(outcome.remaining, bool(settings.unsafe_fixes))
     if options.add_noqa:
         from bnfix.report.add_noqa import add_noqa
 
@@ -368,8 +368,11 @@ def _run_paths(options: LintOptions, book: RuleBook, settings: Settings, engine:
 
 
 def _report(options: LintOptions, book: RuleBook, remaining: list[Diagnostic], fixed: int,
-            stdout: TextIO, unsafe: bool, listing: str = "") -> None:
+            stdout: TextIO, unsafe_fixes: bool | None, listing: str = "") -> None:
+    """The findings, then (for people) the fixes listed and ruff's summary lines;
+    `unsafe_fixes` as the settings say it (None: not set, held-back fixes are counted)."""
     human = options.output_format in ("full", "concise")
+    unsafe = bool(unsafe_fixes)
     if options.statistics:
         stdout.write(formats.statistics(remaining, book, unsafe, options.output_format))
     else:
@@ -378,7 +381,8 @@ def _report(options: LintOptions, book: RuleBook, remaining: list[Diagnostic], f
         if remaining and options.output_format == "full" and not options.statistics:
             stdout.write("\n")
         stdout.write(listing)
-        stdout.write(formats.summary(remaining, fixed, unsafe, _unsafe_flag(options)))
+        stdout.write(formats.summary(remaining, fixed, unsafe, _unsafe_flag(options),
+                                     hint=unsafe_fixes is None))
 
 
 def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine: Engine,
@@ -388,10 +392,10 @@ def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine:
     name = options.stdin_filename or "-"
     text = stdin.read()
     ignored = settings.ignored_for(Path(name), book)
-    unsafe = settings.unsafe_fixes
+    unsafe = bool(settings.unsafe_fixes)
     if not (options.fix or options.diff):
         remaining = engine.diagnose(text, name, ignored)
-        _report(options, book, remaining, 0, captured or stdout, unsafe)
+        _report(options, book, remaining, 0, captured or stdout, settings.unsafe_fixes)
         return 0 if options.exit_zero or not remaining else 1
     result = engine.fix_text(text, name, unsafe, ignored)
     log.writelines(f"bnfix: {line}\n" for line in result.notes)
@@ -407,5 +411,6 @@ def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine:
             report.write(formats.fixed_only(len(result.fixed), hidden))
         return 0
     listing = formats.fixes_listing([result], book) if options.show_fixes else ""
-    _report(options, book, result.diagnostics, len(result.fixed), report, unsafe, listing)
+    _report(options, book, result.diagnostics, len(result.fixed), report, settings.unsafe_fixes,
+            listing)
     return 0 if options.exit_zero or not result.diagnostics else 1

@@ -158,6 +158,8 @@ def test_fix_says_how_many_unsafe_fixes_it_held_back(tree):
     assert fix.stdout.endswith("Found 2 errors.\n2 unsafe fixes available with `--unsafe-fixes`.\n")
     check = run_bnfix("check", "train.py", cwd=root)
     assert check.stdout.endswith("2 unsafe fixes available with `--fix --unsafe-fixes`.\n")
+    off = run_bnfix("check", "--no-unsafe-fixes", "train.py", cwd=root)
+    assert off.stdout.endswith("\nFound 2 errors.\n"), "turned off on purpose: no hint (ruff)"
     nothing = run_bnfix("check", "--diff", "--select", "BN004", "--ignore", "BN004", "train.py",
                         cwd=root)
     assert nothing.returncode == 0 and nothing.stdout == "", "nothing to say: ruff says nothing"

@@ -215,16 +215,17 @@ def hidden_fixes(remaining: Sequence[Diagnostic], unsafe: bool) -> int:
 
 
 def summary(remaining: Sequence[Diagnostic], fixed: int, unsafe: bool,
-            unsafe_flag: str = "--fix --unsafe-fixes") -> str:
+            unsafe_flag: str = "--fix --unsafe-fixes", hint: bool = True) -> str:
     """ruff's closing lines: totals, then what `--fix` / `--unsafe-fixes` would do
-    (`unsafe_flag`: how to apply the held-back fixes with the command that ran)."""
+    (`unsafe_flag`: how to apply the held-back fixes with the command that ran; `hint`
+    False: unsafe fixes were turned off explicitly, and are not counted)."""
     total = len(remaining) + fixed
     if total == 0:
         return "All checks passed!\n"
     tail = f" ({fixed} fixed, {len(remaining)} remaining)." if fixed else "."
     lines = [f"Found {_plural(total, 'error')}{tail}"]
     applicable = sum(1 for d in remaining if _marker(d, unsafe))
-    hidden = hidden_fixes(remaining, unsafe)
+    hidden = hidden_fixes(remaining, unsafe) if hint else 0
     held = f"{_plural(hidden, 'unsafe fix')} available with `{unsafe_flag}`"
     if applicable:
         lines.append(f"[*] {applicable} fixable with `--fix`" + (f" ({held})." if hidden else "."))

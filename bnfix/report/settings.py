@@ -41,7 +41,9 @@ def show_settings(settings: Settings, engine: Engine, start: Path) -> str:
         f"extend-exclude = {_value(settings.extend_exclude)}",
         f"respect-gitignore = {_value(settings.respect_gitignore)}",
         f"target-tensorflow = {_value(target)}  # {ORIGINS[settings.target_origin]}",
-        f"unsafe-fixes = {_value(settings.unsafe_fixes)}",
+        f"unsafe-fixes = {'hint' if settings.unsafe_fixes is None else _value(settings.unsafe_fixes)}"
+        + ("  # not set: unsafe fixes are held back and counted" if settings.unsafe_fixes is None
+           else ""),
         f"report-all-syntax-errors = {_value(settings.all_syntax_errors)}",
         f"max-file-size = {settings.max_file_size}",
         f"cache-dir = {_value(str(cache))}",
