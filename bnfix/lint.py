@@ -123,8 +123,8 @@ def _command_line_settings(options: LintOptions, settings: Settings) -> None:
     cache_dir = options.cache_dir or os.environ.get("BNFIX_CACHE_DIR")
     if cache_dir:
         settings.cache_dir = Path(cache_dir).expanduser()
-    if options.target_version is not None:
-        settings.target_tensorflow, settings.target_origin = options.target_version, "command-line"
+    if options.target_version is not None:  # as binding as `target-tensorflow`: pins yield
+        settings.target_tensorflow, settings.target_origin = options.target_version, "configured"
 
 
 # -- running over files -------------------------------------------------------------------

@@ -13,9 +13,8 @@ from bnfix.engine import Engine
 from bnfix.files import DEFAULT_EXCLUDE
 
 ORIGINS = {"default": "the newest release bnfix checks against",
-           "configured": "target-tensorflow in the configuration",
-           "pinned": "the version the project's requirements pin",
-           "command-line": "--target-version"}
+           "configured": "--target-version, or target-tensorflow in the configuration",
+           "pinned": "the version the project's requirements pin"}
 
 
 def _value(value: object) -> str:
