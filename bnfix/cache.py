@@ -127,8 +127,8 @@ def _entry(fields: Any) -> Entry | None:
 
 
 class Cache:
-    def __init__(self, root: Path, key: str) -> None:
-        self.folder = root / CACHE_DIR
+    def __init__(self, root: Path, key: str, folder: Path | None = None) -> None:
+        self.folder = root / CACHE_DIR if folder is None else folder  # folder: --cache-dir
         self.path = self.folder / f"{key[:24]}.json"
         self.entries: dict[str, Entry] = {}
         self.changed: dict[str, Entry] = {}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import re
 import signal
 import sys
+from typing import NoReturn
 
 from bnfix import __version__
 
@@ -16,14 +19,71 @@ def _codes(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _tf_version(value: str) -> tuple[int, ...]:
+    """`--target-version 2.15` (or `tf2.15`): the TensorFlow release the code targets."""
+    text = value.strip().lower().removeprefix("tf")
+    parts = text.split(".")
+    if not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"`{value}` is not a TensorFlow version like 2.15")
+    return tuple(int(p) for p in parts)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with ruff's manners on a bad command line: the usage of the command that was
+    run, and the nearest valid option or command when one was mistyped."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+        self.top: argparse.ArgumentParser | None = None  # the bnfix parser, for a subcommand's
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}{self._hint(message)}\n"
+                     f"For more information, try `{self.prog} --help`.\n")
+
+    def _hint(self, message: str) -> str:
+        choice = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)", message)
+        if choice is not None:
+            options = [c.strip(" '\"") for c in choice.group(2).split(",")]
+            return _suggest(choice.group(1), options)
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown is None:
+            return ""
+        for token in unknown.group(1).split():
+            if not token.startswith("-"):
+                continue
+            flag = token.split("=", 1)[0]
+            if self.top is not None and flag in self.top._option_string_actions:
+                return f" (`{flag}` is an option of `bnfix` itself: `bnfix {flag}`)"
+            return _suggest(flag, list(self._option_string_actions))
+        return ""
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean `{match[0]}`?)" if match else ""
+
+
 def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
     parser.add_argument("paths", nargs="*", help="files or folders (default: .); `-` reads stdin")
     if not fix_default:
-        parser.add_argument("--fix", action="store_true", help="apply fixes (safe ones by default)")
-    parser.add_argument("--unsafe-fixes", action="store_true",
-                        help="also apply fixes that change behaviour on purpose")
+        parser.add_argument("--fix", action="store_true", default=None,
+                            help="apply fixes (safe ones by default)")
+        parser.add_argument("--no-fix", dest="fix", action="store_false",
+                            help="do not apply fixes (overrides --fix)")
+    parser.add_argument("--unsafe-fixes", action="store_true", default=None,
+                        help="also apply fixes that change behaviour on purpose (configuration: "
+                             "`unsafe-fixes = true`)")
+    parser.add_argument("--no-unsafe-fixes", dest="unsafe_fixes", action="store_false",
+                        help="apply safe fixes only, whatever the configuration says")
+    parser.add_argument("--fix-only", action="store_true",
+                        help="apply fixes and report nothing that remains (exit 0)")
+    parser.add_argument("--show-fixes", action="store_true", help="list the fixes applied")
     parser.add_argument("--diff", action="store_true",
                         help="print the fixes as a unified diff and write nothing")
+    parser.add_argument("--add-noqa", action="store_true",
+                        help="write `# noqa: CODE` on the line of each finding")
     parser.add_argument("--select", type=_codes, default=None,
                         help="rules to enable: codes, prefixes (BN0), names or ALL (replaces config)")
     parser.add_argument("--ignore", type=_codes, default=[], action="extend",
@@ -32,10 +92,30 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
                         help="rules to enable on top of the selection")
     parser.add_argument("--output-format", default="full",
                         choices=("full", "concise", "json", "github", "sarif"))
+    parser.add_argument("-o", "--output-file", help="write the report to this file, not stdout")
     parser.add_argument("--statistics", action="store_true", help="count findings per rule")
     parser.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print the findings only (no summary, hints or warnings)")
+    parser.add_argument("-s", "--silent", action="store_true",
+                        help="print nothing (the exit code still says whether findings remain)")
     parser.add_argument("--stdin-filename", help="the name of the file read from stdin")
-    parser.add_argument("--config", help="a pyproject.toml to read [tool.bnfix] from")
+    parser.add_argument("--config", help="the configuration file: a pyproject.toml ([tool.bnfix]) "
+                                         "or a bnfix.toml")
+    parser.add_argument("--isolated", action="store_true", help="read no configuration file")
+    parser.add_argument("--show-settings", action="store_true",
+                        help="print the resolved settings and exit")
+    parser.add_argument("--show-files", action="store_true",
+                        help="print the files that would be checked and exit")
+    parser.add_argument("--exclude", type=_codes, default=None, action="extend",
+                        help="file patterns to skip (replaces the configuration's `exclude`)")
+    parser.add_argument("--extend-exclude", type=_codes, default=[], action="extend",
+                        help="file patterns to skip on top of `exclude`")
+    parser.add_argument("--target-version", type=_tf_version, metavar="TF_VERSION",
+                        help="the TensorFlow release the code runs on, e.g. 2.15 (overrides "
+                             "`target-tensorflow` and the project's pins)")
+    parser.add_argument("--cache-dir", help="where to keep the cache (default: .bnfix_cache/; "
+                                            "env BNFIX_CACHE_DIR)")
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="worker processes (default: cores, 1 under pre-commit)")
     parser.add_argument("--force-exclude", action="store_true",
@@ -52,7 +132,7 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bnfix",
         description="Find and fix BatchNorm bugs in TensorFlow, Keras and PyTorch code.",
         epilog=EPILOG,
@@ -60,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bnfix {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     check = sub.add_parser("check", help="report BatchNorm bugs (static: never runs your code)",
-                           epilog=EPILOG)
+                           epilog=EPILOG, usage="%(prog)s [OPTIONS] [PATHS ...]")
     _lint_arguments(check, fix_default=False)
-    fix = sub.add_parser("fix", help="fix BatchNorm bugs in place (= check --fix)", epilog=EPILOG)
+    fix = sub.add_parser("fix", help="fix BatchNorm bugs in place (= check --fix)", epilog=EPILOG,
+                         usage="%(prog)s [OPTIONS] [PATHS ...]")
     _lint_arguments(fix, fix_default=True)
     rule = sub.add_parser("rule", help="print a rule's documentation")
     rule.add_argument("code", nargs="?", help="rule code or name, e.g. BN001")
@@ -118,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="do not read or write .bnfix_cache/")
     server.add_argument("--debounce", type=_seconds, default=None, metavar="SECONDS",
                         help="wait this long after an edit before analysing (default 0.15)")
+    version = sub.add_parser("version", help="print bnfix's version")
+    version.add_argument("--output-format", default="text", choices=("text", "json"))
+    parser.commands = dict(sub.choices)
+    for command in parser.commands.values():
+        if isinstance(command, Parser):
+            command.top = parser
     return parser
 
 
@@ -134,9 +221,10 @@ def _seconds(value: str) -> float:
 def _cmd_lint(args: argparse.Namespace) -> int:
     from bnfix.lint import LintOptions, run
 
+    asked = getattr(args, "fix", None)  # check: --fix / --no-fix (the last one given wins)
     options = LintOptions(
         paths=args.paths,
-        fix=args.command == "fix" or getattr(args, "fix", False),
+        fix=args.fix_only or (args.command == "fix" if asked is None else asked),
         unsafe_fixes=args.unsafe_fixes,
         diff=args.diff,
         select=args.select,
@@ -153,8 +241,30 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         progress=args.progress,
         cache=args.cache,
         all_syntax_errors=args.report_all_syntax_errors,
+        command=args.command,
+        exclude=args.exclude,
+        extend_exclude=args.extend_exclude,
+        quiet=args.quiet,
+        silent=args.silent,
+        show_fixes=args.show_fixes,
+        fix_only=args.fix_only,
+        output_file=args.output_file,
+        add_noqa=args.add_noqa,
+        show_settings=args.show_settings,
+        show_files=args.show_files,
+        cache_dir=args.cache_dir,
+        isolated=args.isolated,
+        target_version=args.target_version,
     )
     return run(options)
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    if args.output_format == "json":
+        sys.stdout.write(json.dumps({"version": __version__}, indent=2) + "\n")
+    else:
+        sys.stdout.write(f"bnfix {__version__}\n")
+    return 0
 
 
 def _rule_record(rule) -> dict:  # type: ignore[no-untyped-def]
@@ -238,12 +348,15 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _cmd_rules,
             "convert": _cmd_convert, "inspect": _cmd_inspect, "validate": _cmd_validate,
-            "doctor": _cmd_doctor, "server": _cmd_server}
+            "doctor": _cmd_doctor, "server": _cmd_server, "version": _cmd_version}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported with the usage of the command they were given to
+        command = parser.commands.get(args.command or "", parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -1,5 +1,6 @@
-"""Configuration: `[tool.bnfix]` in pyproject.toml, merged with command-line options the way
-ruff merges them (the command line wins; extend-* adds)."""
+"""Configuration: `.bnfix.toml` or `bnfix.toml` (the keys at the top level, like ruff.toml) or
+`[tool.bnfix]` in pyproject.toml, merged with command-line options the way ruff merges them (the
+command line wins; extend-* adds)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES
 
 KNOWN_KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
-    "respect-gitignore", "target-tensorflow", "report-all-syntax-errors",
+    "respect-gitignore", "target-tensorflow", "report-all-syntax-errors", "unsafe-fixes",
+    "cache-dir",
 }
+# In one folder the first of these that exists is the configuration (ruff's order:
+# .ruff.toml, ruff.toml, pyproject.toml); a pyproject.toml counts only with a [tool.bnfix] table.
+CONFIG_FILES = (".bnfix.toml", "bnfix.toml", "pyproject.toml")
 # The TensorFlow release code is assumed to run on unless `target-tensorflow` says otherwise:
 # the newest one bnfix's rules are checked against.
 CURRENT_TENSORFLOW = (2, 21)
@@ -27,7 +32,7 @@ class ConfigError(Exception):
 @dataclass
 class Settings:
     root: Path
-    source: Path | None = None  # the pyproject.toml it came from
+    source: Path | None = None  # the configuration file it came from
     select: list[str] | None = None
     ignore: list[str] = field(default_factory=list)
     extend_select: list[str] = field(default_factory=list)
@@ -39,6 +44,10 @@ class Settings:
     target_origin: str = "default"  # default | configured | pinned (the project's requirements)
     all_syntax_errors: bool = False
     max_file_size: int = DEFAULT_MAX_FILE_BYTES
+    # `unsafe-fixes`: apply unsafe fixes too; None when not set (ruff's "hint": the summary
+    # counts the unsafe fixes held back; an explicit false drops that line, as in ruff)
+    unsafe_fixes: bool | None = None
+    cache_dir: Path | None = None  # None: .bnfix_cache/ in the root
 
     @property
     def targets(self) -> dict[str, tuple[int, ...]]:
@@ -86,35 +95,44 @@ def _list(data: dict[str, Any], key: str, path: Path) -> list[str] | None:
     return value
 
 
-def find_pyproject(start: Path) -> Path | None:
-    """The nearest pyproject.toml with a [tool.bnfix] table, from `start` upwards."""
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+
+
+def _table(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The bnfix settings of a configuration file: `[tool.bnfix]` in a pyproject.toml, the
+    top level in any other file (`bnfix.toml`, `.bnfix.toml`, or one named with --config)."""
+    if path.name == "pyproject.toml":
+        return data.get("tool", {}).get("bnfix", {})
+    return data
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest configuration file from `start` upwards (CONFIG_FILES, in that order)."""
     here = start.resolve()
     if here.is_file():
         here = here.parent
     for folder in (here, *here.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            try:
-                with candidate.open("rb") as fh:
-                    data = tomllib.load(fh)
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise ConfigError(f"{candidate}: cannot read: {exc}") from exc
-            if "bnfix" in data.get("tool", {}):
+        for name in CONFIG_FILES:
+            candidate = folder / name
+            if not candidate.is_file():
+                continue
+            if name != "pyproject.toml" or "bnfix" in _read_toml(candidate).get("tool", {}):
                 return candidate
     return None
 
 
 def load_settings(config: Path | None, start: Path) -> Settings:
-    """Settings from `config` (an explicit pyproject.toml) or the nearest one above `start`."""
-    path = config if config is not None else find_pyproject(start)
+    """Settings from `config` (an explicit configuration file) or the nearest one above
+    `start`."""
+    path = config if config is not None else find_config(start)
     if path is None:
         return Settings(root=Path.cwd())
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    table = data.get("tool", {}).get("bnfix", {})
+    table = _table(_read_toml(path), path)
     unknown = set(table) - KNOWN_KEYS
     if unknown:
         raise ConfigError(
@@ -130,7 +148,9 @@ def load_settings(config: Path | None, start: Path) -> Settings:
     target_tf = CURRENT_TENSORFLOW if target is None else parse_version(str(target), path)
     respect = table.get("respect-gitignore", True)
     all_syntax = table.get("report-all-syntax-errors", False)
-    for key, flag in (("respect-gitignore", respect), ("report-all-syntax-errors", all_syntax)):
+    unsafe = table.get("unsafe-fixes")
+    for key, flag in (("respect-gitignore", respect), ("report-all-syntax-errors", all_syntax),
+                      ("unsafe-fixes", False if unsafe is None else unsafe)):
         if not isinstance(flag, bool):
             raise ConfigError(f"{path}: [tool.bnfix] `{key}` must be true or false")
     return Settings(
@@ -146,7 +166,19 @@ def load_settings(config: Path | None, start: Path) -> Settings:
         target_tensorflow=target_tf,
         target_origin="default" if target is None else "configured",
         all_syntax_errors=all_syntax,
+        unsafe_fixes=unsafe,
+        cache_dir=_cache_dir(table, path),
     )
+
+
+def _cache_dir(table: dict[str, Any], path: Path) -> Path | None:
+    """`cache-dir`, relative to the configuration file's folder (as ruff resolves it)."""
+    value = table.get("cache-dir")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path}: [tool.bnfix] `cache-dir` must be a folder path")
+    return path.parent / Path(value).expanduser()
 
 
 def parse_version(text: str, path: Path) -> tuple[int, ...]:

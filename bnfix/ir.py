@@ -423,6 +423,9 @@ class Migration:
     keep_unknown: bool = False
     add: tuple[str, ...] = ()
     display_only: bool = False
+    # keywords that make the rewrite exact when the call passes them (not None): the fix is
+    # safe then, unsafe otherwise; empty: the rewrite is never exact (always unsafe)
+    safe_when: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

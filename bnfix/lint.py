@@ -4,9 +4,12 @@ when the tree is large), write fixes atomically, report, and choose the exit cod
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import io
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,18 +19,19 @@ from bnfix.cache import Cache, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
 from bnfix.files import discover
+from bnfix.ir import Pos, Span
 from bnfix.project.pins import tensorflow_pin
 from bnfix.project.runner import ProjectRunner
 from bnfix.project.session import project_root
 from bnfix.report import formats
-from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook, rules_root
+from bnfix.rulebook import COMMANDS, RuleBook, RuleBookError, load_rulebook, rules_root
 
 
 @dataclass
 class LintOptions:
     paths: list[str] = field(default_factory=list)
     fix: bool = False
-    unsafe_fixes: bool = False
+    unsafe_fixes: bool | None = None  # None: the configuration's `unsafe-fixes` (default off)
     diff: bool = False
     select: list[str] | None = None
     ignore: list[str] = field(default_factory=list)
@@ -44,6 +48,20 @@ class LintOptions:
     cache: bool = True  # read and write .bnfix_cache/
     all_syntax_errors: bool = False  # parse every file for BN900, not only those rules read
     project: bool = True  # analyse the whole project (else only the files given)
+    command: str = "check"  # check | fix: what the hints tell the user to run
+    exclude: list[str] | None = None  # replaces the configuration's `exclude`
+    extend_exclude: list[str] = field(default_factory=list)
+    quiet: bool = False  # findings only: no summary, hints or warnings
+    silent: bool = False  # no output at all (the exit code still says)
+    show_fixes: bool = False  # list what was fixed
+    fix_only: bool = False  # fix, and report nothing that remains
+    output_file: str | None = None  # the report goes there instead of stdout
+    add_noqa: bool = False  # add a noqa directive (with the codes) on each finding's line
+    show_settings: bool = False
+    show_files: bool = False
+    cache_dir: str | None = None  # None: BNFIX_CACHE_DIR, the configuration's, .bnfix_cache/
+    isolated: bool = False  # read no configuration file
+    target_version: tuple[int, ...] | None = None  # the TensorFlow target (`target-tensorflow`)
 
 
 class UsageError(Exception):
@@ -57,15 +75,17 @@ class Outcome:
     fixed: int
     changed: list[FileResult]
     errors: list[str]
+    warnings: list[str] = field(default_factory=list)  # shown unless --quiet
 
 
 def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engine]:
     """Load the rule book and the configuration and build the engine they select."""
     try:
         book = load_rulebook()
-        settings = load_settings(Path(options.config) if options.config else None, start)
+        settings = _load_settings(options, start)
     except (ConfigError, RuleBookError) as exc:
         raise UsageError(str(exc)) from exc
+    _command_line_settings(options, settings)
     if options.select is not None:
         settings.select = options.select
     settings.ignore = [*settings.ignore, *options.ignore]
@@ -88,6 +108,26 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
         engine.pin_root = str(project_root([start], settings.root if settings.source is not None
                                            else None).resolve())
     return book, settings, engine
+
+
+def _load_settings(options: LintOptions, start: Path) -> Settings:
+    if options.isolated:  # the defaults, as if no configuration file existed
+        return Settings(root=Path.cwd())
+    return load_settings(Path(options.config) if options.config else None, start)
+
+
+def _command_line_settings(options: LintOptions, settings: Settings) -> None:
+    """What the command line overrides (ruff's precedence: the flag wins over the file)."""
+    if options.exclude is not None:
+        settings.exclude = options.exclude
+    settings.extend_exclude = [*settings.extend_exclude, *options.extend_exclude]
+    if options.unsafe_fixes is not None:
+        settings.unsafe_fixes = options.unsafe_fixes
+    cache_dir = options.cache_dir or os.environ.get("BNFIX_CACHE_DIR")
+    if cache_dir:
+        settings.cache_dir = Path(cache_dir).expanduser()
+    if options.target_version is not None:  # as binding as `target-tensorflow`: pins yield
+        settings.target_tensorflow, settings.target_origin = options.target_version, "configured"
 
 
 # -- running over files -------------------------------------------------------------------
@@ -121,20 +161,21 @@ class _Progress:
 def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
                stderr: TextIO = sys.stderr) -> Outcome:
     """Run over the paths: results, remaining diagnostics, fixes written (unless --diff)."""
-    paths = [Path(p) for p in (options.paths or ["."])]
-    for path in paths:
-        if not path.exists() and not path.is_symlink():
-            raise UsageError(f"{path}: no such file or directory")
-    walk = functools.partial(discover, root=settings.root, exclude=settings.exclude,
-                             extend_exclude=settings.extend_exclude,
-                             respect_gitignore=settings.respect_gitignore)
+    paths, missing = _existing(options)
+    walk = _walker(settings)
     reported = [(str(c.path), settings.ignored_for(c.path, engine.book))
                 for c in walk(paths, force_exclude=options.force_exclude)]
+    outcome = Outcome([], [], 0, [], [])
+    for path in missing:  # reported like a file that cannot be read (ruff's E902)
+        _missing_path(path, engine, settings, outcome)
+    if paths and not reported:
+        outcome.warnings.append("No Python files found under the given path(s)")
+    if not paths:
+        return outcome
     root = project_root(paths, settings.root if settings.source is not None else None)
     scope = [str(c.path) for c in walk([root])] if options.project else []
     show = options.progress if options.progress is not None else stderr.isatty()
     progress = _Progress(stderr, show)
-    outcome = Outcome([], [], 0, [], [])
     fixing = options.fix or options.diff
     cache = None
     if options.cache:
@@ -142,8 +183,8 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
                         {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
                          "project": (int(options.project),),
                          "explicit": (int(engine.target_explicit),)})
-        cache = Cache(settings.root, key)
-    runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=options.unsafe_fixes,
+        cache = Cache(settings.root, key, settings.cache_dir)
+    runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=bool(settings.unsafe_fixes),
                            jobs=default_jobs() if options.jobs is None else options.jobs,
                            max_bytes=settings.max_file_size)
     stream = runner.run(reported, scope, root)
@@ -183,6 +224,32 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     return outcome
 
 
+def _existing(options: LintOptions) -> tuple[list[Path], list[Path]]:
+    """The paths to check, and those that do not exist (a broken symlink exists: it is
+    reported as unreadable when it is read)."""
+    given = [Path(p) for p in (options.paths or ["."])]
+    missing = [p for p in given if not p.exists() and not p.is_symlink()]
+    return [p for p in given if p not in missing], missing
+
+
+def _walker(settings: Settings) -> functools.partial:
+    return functools.partial(discover, root=settings.root, exclude=settings.exclude,
+                             extend_exclude=settings.extend_exclude,
+                             respect_gitignore=settings.respect_gitignore)
+
+
+def _missing_path(path: Path, engine: Engine, settings: Settings, outcome: Outcome) -> None:
+    """A path that does not exist: a BN901 finding when BN901 is on (the rest of the run goes
+    on), else a warning (as ruff reports E902, or warns when E902 is off)."""
+    if "BN901" in engine.enabled and "BN901" not in settings.ignored_for(path, engine.book):
+        rule = engine.book.rules["BN901"]
+        outcome.remaining.append(Diagnostic(str(path), "BN901", rule.name, Span.at(Pos(1, 0)),
+                                            "cannot read: No such file or directory", None,
+                                            rule.url))
+    else:
+        outcome.warnings.append(f"Failed to lint {path}: No such file or directory")
+
+
 # -- the commands ---------------------------------------------------------------------------
 
 
@@ -192,52 +259,161 @@ def run(options: LintOptions, stdin: TextIO = sys.stdin, stdout: TextIO = sys.st
     if options.output_format not in formats.FORMATS:
         raise UsageError(f"unknown output format `{options.output_format}` "
                          f"(one of {', '.join(formats.FORMATS)})")
+    _check_combination(options)
+    if options.quiet or options.silent:
+        options = dataclasses.replace(options, progress=False)
     use_stdin = options.paths == ["-"] or (options.stdin_filename is not None and not options.paths)
+    if use_stdin and options.add_noqa:
+        raise UsageError("--add-noqa edits files: it cannot be used with stdin")
     start = Path(options.stdin_filename).parent if use_stdin and options.stdin_filename else Path(
         options.paths[0] if options.paths else ".")
     book, settings, engine = prepare(options, start)
+    _check_selectors(options, book)
+    if options.show_settings:
+        from bnfix.report.settings import show_settings
+
+        stdout.write(show_settings(settings, engine, start))
+        return 0
+    if options.show_files:
+        paths, _ = _existing(options)
+        found = _walker(settings)(paths, force_exclude=options.force_exclude) if paths else ()
+        stdout.writelines(f"{name}\n" for name in sorted(os.path.abspath(c.path) for c in found))
+        return 0
+    sink = io.StringIO()  # --silent: everything goes here and nowhere else
+    out, log = (sink, sink) if options.silent else (stdout, stderr)
+    captured = io.StringIO() if options.output_file and not options.silent else None
     if use_stdin:
-        return _run_stdin(options, book, settings, engine, stdin, stdout, stderr)
-    outcome = lint_paths(options, engine, settings, stderr)
-    stderr.writelines(f"bnfix: {line}\n" for line in outcome.errors)
+        code = _run_stdin(options, book, settings, engine, stdin, out, captured, log)
+    else:
+        code = _run_paths(options, book, settings, engine, captured or out, log)
+    if captured is not None and options.output_file:
+        _write_output(Path(options.output_file), captured.getvalue())
+    return code
+
+
+def _check_selectors(options: LintOptions, book: RuleBook) -> None:
+    """`--select BN201` on check: a usage error naming the command that runs those rules,
+    rather than a run that selects nothing and says "All checks passed!"."""
+    for flag, selectors in (("--select", options.select or []),
+                            ("--extend-select", options.extend_select)):
+        misplaced = book.misplaced(selectors, "source")
+        if misplaced is not None:
+            selector, target = misplaced
+            raise UsageError(f"`{flag} {selector}` selects {target} rules only, which "
+                             f"`{COMMANDS[target]}` runs (`bnfix {options.command}` runs the "
+                             "source-code rules)")
+
+
+def _check_combination(options: LintOptions) -> None:
+    """Flags that contradict each other are a usage error (as in ruff)."""
+    fix = "`bnfix fix`" if options.command == "fix" else "--fix"
+    pairs = [("--add-noqa", options.add_noqa, "--diff", options.diff),
+             ("--add-noqa", options.add_noqa, fix, options.fix),
+             ("--diff", options.diff, "--show-fixes", options.show_fixes),
+             ("--isolated", options.isolated, "--config", options.config is not None)]
+    for first, a, second, b in pairs:
+        if a and b:
+            raise UsageError(f"{first} cannot be used with {second}")
+    if options.statistics and options.output_format not in formats.STATISTICS_FORMATS:
+        raise UsageError(f"--statistics cannot be written as {options.output_format} (use "
+                         f"{', '.join(formats.STATISTICS_FORMATS)})")
+
+
+def _write_output(path: Path, text: str) -> None:
+    """-o/--output-file: the report replaces the file at once."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".bnfix",
+                                   dir=path.parent if str(path.parent) else ".")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write the output file ({exc.strerror or exc})") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _unsafe_flag(options: LintOptions) -> str:
+    """How to ask for the held-back fixes with the command that ran."""
+    return "--unsafe-fixes" if options.command == "fix" else "--fix --unsafe-fixes"
+
+
+def _run_paths(options: LintOptions, book: RuleBook, settings: Settings, engine: Engine,
+               out: TextIO, log: TextIO) -> int:
+    outcome = lint_paths(options, engine, settings, log)
+    log.writelines(f"bnfix: {line}\n" for line in outcome.errors)
+    if not options.quiet:
+        log.writelines(f"bnfix: warning: {line}\n" for line in outcome.warnings)
+    hidden = formats.hidden_fixes(outcome.remaining, bool(settings.unsafe_fixes))
+    if options.add_noqa:
+        from bnfix.report.add_noqa import add_noqa
+
+        added = add_noqa(outcome.remaining, settings.max_file_size)
+        log.writelines(f"bnfix: {line}\n" for line in added.notes)
+        if added.added and not options.quiet:
+            log.write(f"Added {added.added} noqa directive{'s' if added.added != 1 else ''}.\n")
+        return 0
     if options.diff:
-        stdout.writelines(formats.unified_diff(result) for result in outcome.changed)
-        fixes = sum(len(r.fixed) for r in outcome.changed)
-        stderr.write(f"Would fix {fixes} error{'s' if fixes != 1 else ''}.\n" if fixes
-                     else "No errors would be fixed.\n")
+        out.writelines(formats.unified_diff(result) for result in outcome.changed)
+        if not options.quiet:
+            out.write(formats.would_fix(sum(len(r.fixed) for r in outcome.changed), hidden))
         return 0 if options.exit_zero or not outcome.changed else 1
-    _report(options, book, outcome.remaining, outcome.fixed, stdout)
+    listing = formats.fixes_listing(outcome.changed, book) if options.show_fixes else ""
+    if options.fix_only:
+        if not options.quiet:
+            out.write(listing + formats.fixed_only(outcome.fixed, hidden))
+        return 0
+    _report(options, book, outcome.remaining, outcome.fixed, out, settings.unsafe_fixes, listing)
     return 0 if options.exit_zero or not outcome.remaining else 1
 
 
 def _report(options: LintOptions, book: RuleBook, remaining: list[Diagnostic], fixed: int,
-            stdout: TextIO) -> None:
+            stdout: TextIO, unsafe_fixes: bool | None, listing: str = "") -> None:
+    """The findings, then (for people) the fixes listed and ruff's summary lines;
+    `unsafe_fixes` as the settings say it (None: not set, held-back fixes are counted)."""
     human = options.output_format in ("full", "concise")
+    unsafe = bool(unsafe_fixes)
     if options.statistics:
-        stdout.write(formats.statistics(remaining, book, options.unsafe_fixes))
+        stdout.write(formats.statistics(remaining, book, unsafe, options.output_format))
     else:
-        stdout.write(formats.render(options.output_format, remaining, book, options.unsafe_fixes))
-    if human:
+        stdout.write(formats.render(options.output_format, remaining, book, unsafe))
+    if human and not options.quiet:
         if remaining and options.output_format == "full" and not options.statistics:
             stdout.write("\n")
-        stdout.write(formats.summary(remaining, fixed, options.unsafe_fixes))
+        stdout.write(listing)
+        stdout.write(formats.summary(remaining, fixed, unsafe, _unsafe_flag(options),
+                                     hint=unsafe_fixes is None))
 
 
 def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine: Engine,
-               stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+               stdin: TextIO, stdout: TextIO, captured: TextIO | None, log: TextIO) -> int:
+    """The text on stdin: findings to stdout; with --fix the fixed text to stdout and the
+    findings to stderr. `captured`: the --output-file, which takes the findings instead."""
     name = options.stdin_filename or "-"
     text = stdin.read()
     ignored = settings.ignored_for(Path(name), book)
+    unsafe = bool(settings.unsafe_fixes)
     if not (options.fix or options.diff):
         remaining = engine.diagnose(text, name, ignored)
-        _report(options, book, remaining, 0, stdout)
+        _report(options, book, remaining, 0, captured or stdout, settings.unsafe_fixes)
         return 0 if options.exit_zero or not remaining else 1
-    result = engine.fix_text(text, name, options.unsafe_fixes, ignored)
-    stderr.writelines(f"bnfix: {line}\n" for line in result.notes)
+    result = engine.fix_text(text, name, unsafe, ignored)
+    log.writelines(f"bnfix: {line}\n" for line in result.notes)
     if options.diff:
         if result.changed:
-            stdout.write(formats.unified_diff(result))
+            (captured or stdout).write(formats.unified_diff(result))
         return 0 if options.exit_zero or not result.changed else 1
     stdout.write(result.new_text if result.new_text is not None else text)
-    _report(options, book, result.diagnostics, len(result.fixed), stderr)
+    report = captured or log
+    if options.fix_only:
+        if not options.quiet:
+            hidden = formats.hidden_fixes(result.diagnostics, unsafe)
+            report.write(formats.fixed_only(len(result.fixed), hidden))
+        return 0
+    listing = formats.fixes_listing([result], book) if options.show_fixes else ""
+    _report(options, book, result.diagnostics, len(result.fixed), report, settings.unsafe_fixes,
+            listing)
     return 0 if options.exit_zero or not result.diagnostics else 1

@@ -23,12 +23,13 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
-FIX_KINDS = ("safe", "unsafe", "display-only", "none")
+FIX_KINDS = ("safe", "mixed", "unsafe", "display-only", "none")
 EXAMPLE_KINDS = ("valid", "invalid", "fix")
 # What a rule reads: Python source (`bnfix check`), artifacts (`bnfix inspect`: checkpoints,
 # graphs, model files) or a training run (`bnfix doctor`: what the BN monitors recorded).
 # Artifact rules' examples are artifacts, runtime rules' examples recordings, not source.
 TARGETS = ("source", "artifact", "runtime")
+COMMANDS = {"source": "bnfix check", "artifact": "bnfix inspect", "runtime": "bnfix doctor"}
 
 
 class RuleBookError(Exception):
@@ -92,6 +93,8 @@ class Rule:
         """The rule's documentation in ruff's shape (what `bnfix rule CODE` prints)."""
         fix_line = {
             "safe": "Fix is always available.",
+            "mixed": "Fix is sometimes available (safe where the rewrite is exact, otherwise "
+                     "unsafe: needs `--unsafe-fixes`; see Fix safety).",
             "unsafe": "Fix is sometimes available (unsafe: needs `--unsafe-fixes`).",
             "display-only": "A suggested fix is shown, never applied.",
             "none": "No fix is available.",
@@ -236,6 +239,20 @@ class RuleBook:
         rules; None: every rule). A selector that matches no rule at all is an error."""
         out = self._expand(selectors)
         return out if target is None else {c for c in out if self.rules[c].target == target}
+
+    def misplaced(self, selectors: list[str], target: str) -> tuple[str, str] | None:
+        """The first selector that matches rules of another target only (`--select BN201` on
+        `bnfix check`), with that target; None when every selector fits `target` (an unknown
+        selector is left to `expand` to report)."""
+        for sel in selectors:
+            try:
+                codes = self._expand([sel])
+            except RuleBookError:
+                continue
+            targets = {self.rules[c].target for c in codes}
+            if codes and target not in targets:
+                return sel, min(targets)
+        return None
 
     def _expand(self, selectors: list[str]) -> set[str]:
         out: set[str] = set()
@@ -483,6 +500,7 @@ def _migration(entry: dict[str, Any], path: Path) -> Migration:
         keep_unknown=bool(entry.get("keep_unknown", False)),
         add=tuple(entry.get("add", ())),
         display_only=bool(entry.get("display_only", False)),
+        safe_when=tuple(entry.get("safe_when", ())),
     )
 
 

@@ -178,7 +178,7 @@ def test_onnx_export_in_training_mode(artifacts, tmp_path):
 # -- the CLI as a user runs it -------------------------------------------------------------
 
 JSON_KEYS = {"code", "name", "filename", "location", "end_location", "message", "noqa_row",
-             "url", "fix", "layer"}
+             "url", "severity", "fix", "related", "layer"}
 
 
 def test_cli_json_over_a_folder(artifacts):

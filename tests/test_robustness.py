@@ -22,7 +22,8 @@ from bnfix.source.text import SourceText
 from bnfix.source.writer import apply_fixes
 
 LINE = re.compile(r"^.+:\d+:\d+: BN\d{3} ")
-SUMMARY = re.compile(r"^(Found \d+ errors?.*|All checks passed!|\[\*\] .*|No fixes available.*)$")
+SUMMARY = re.compile(r"^(Found \d+ errors?.*|All checks passed!|\[\*\] .*|"
+                     r"\d+ unsafe fix(es)? available with .*)$")
 
 
 def _hashes(root: Path) -> dict[str, str]:

@@ -177,8 +177,19 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
             message += " — not rewritten: " + "; ".join(plan.refusals)
             fix = Fix(DISPLAY, f"Use `{shown}` and map the remaining arguments by hand")
         else:
-            fix = Fix(UNSAFE, f"Use `{shown}` with the arguments mapped", tuple(plan.edits))
+            fix = Fix(_applicability(site, migration), f"Use `{shown}` with the arguments mapped",
+                      tuple(plan.edits))
         yield Finding("BN007", site.call.span, message, fix)
+
+
+def _applicability(site: BNSite, migration: Migration) -> Applicability:
+    """Safe when the migration is exact for this call (it passes every `safe_when` keyword,
+    not as None), else unsafe: see BN007's Fix safety."""
+    if not migration.safe_when:
+        return UNSAFE
+    passed = {arg.name for arg in site.args.values()
+              if arg.keyword and _literal_key(arg.value) != "None"}
+    return Applicability.SAFE if set(migration.safe_when) <= passed else UNSAFE
 
 
 # ---------------------------------------------------------------------------------------------

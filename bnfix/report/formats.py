@@ -56,7 +56,7 @@ def _full(d: Diagnostic, unsafe: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _json_record(d: Diagnostic) -> dict:
+def _json_record(d: Diagnostic, book: RuleBook) -> dict:
     fix = None
     if d.fix is not None:
         fix = {
@@ -77,6 +77,7 @@ def _json_record(d: Diagnostic) -> dict:
         "message": d.message,
         "noqa_row": d.span.start.row,
         "url": d.url,
+        "severity": book.rules[d.code].severity,
         "fix": fix,
         "related": [{"filename": os.path.abspath(r.path), "location": _location(r.span.start),
                      "end_location": _location(r.span.end), "message": r.message}
@@ -168,7 +169,7 @@ def sarif(diagnostics: Sequence[Diagnostic], book: RuleBook) -> dict:
 
 def render(fmt: str, diagnostics: Sequence[Diagnostic], book: RuleBook, unsafe: bool) -> str:
     if fmt == "json":
-        return json.dumps([_json_record(d) for d in diagnostics], indent=2) + "\n"
+        return json.dumps([_json_record(d, book) for d in diagnostics], indent=2) + "\n"
     if fmt == "sarif":
         return json.dumps(sarif(diagnostics, book), indent=2) + "\n"
     if fmt == "github":
@@ -178,34 +179,96 @@ def render(fmt: str, diagnostics: Sequence[Diagnostic], book: RuleBook, unsafe: 
     return "\n".join(_full(d, unsafe) for d in diagnostics)
 
 
-def statistics(diagnostics: Sequence[Diagnostic], book: RuleBook, unsafe: bool) -> str:
+def statistics(diagnostics: Sequence[Diagnostic], book: RuleBook, unsafe: bool,
+               fmt: str = "full") -> str:
+    """Findings per rule, most frequent first: ruff's table (the `[*]` column only when some
+    rule has an applicable fix), or its JSON records with `--output-format json`."""
     counts = Counter(d.code for d in diagnostics)
-    fixable = {d.code for d in diagnostics if _marker(d, unsafe)}
+    fixable = Counter(d.code for d in diagnostics if _marker(d, unsafe))
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    if fmt == "json":
+        records = [{"code": code, "name": book.rules[code].name, "count": count,
+                    "fixable": fixable[code] > 0, "fixable_count": fixable[code]}
+                   for code, count in ordered]
+        return json.dumps(records, indent=2) + "\n"
     width = len(str(max(counts.values()))) if counts else 1
     rows = []
-    for code, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        mark = "[*]" if code in fixable else "[ ]"
-        rows.append(f"{count:>{width}}\t{code}\t{mark} {book.rules[code].name}")
+    for code, count in ordered:
+        mark = ("[*] " if fixable[code] else "[ ] ") if fixable else ""
+        rows.append(f"{count:>{width}}\t{code}\t{mark}{book.rules[code].name}")
     return "\n".join(rows) + ("\n" if rows else "")
 
 
-def summary(remaining: Sequence[Diagnostic], fixed: int, unsafe: bool) -> str:
-    """ruff-style closing lines: totals, then what `--fix` / `--unsafe-fixes` would do."""
+STATISTICS_FORMATS = ("full", "concise", "json")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else ('es' if noun.endswith('x') else 's')}"
+
+
+def hidden_fixes(remaining: Sequence[Diagnostic], unsafe: bool) -> int:
+    """Remaining findings whose fix is unsafe and was held back (no `--unsafe-fixes`)."""
+    if unsafe:
+        return 0
+    return sum(1 for d in remaining
+               if d.fixable and d.fix.applicability is Applicability.UNSAFE)  # type: ignore[union-attr]
+
+
+def summary(remaining: Sequence[Diagnostic], fixed: int, unsafe: bool,
+            unsafe_flag: str = "--fix --unsafe-fixes", hint: bool = True) -> str:
+    """ruff's closing lines: totals, then what `--fix` / `--unsafe-fixes` would do
+    (`unsafe_flag`: how to apply the held-back fixes with the command that ran; `hint`
+    False: unsafe fixes were turned off explicitly, and are not counted)."""
     total = len(remaining) + fixed
     if total == 0:
         return "All checks passed!\n"
-    noun = "error" if total == 1 else "errors"
     tail = f" ({fixed} fixed, {len(remaining)} remaining)." if fixed else "."
-    lines = [f"Found {total} {noun}{tail}"]
-    kinds = Counter(d.fix.applicability for d in remaining if d.fixable)  # type: ignore[union-attr]
-    applicable = kinds[Applicability.SAFE] + (kinds[Applicability.UNSAFE] if unsafe else 0)
-    hidden = 0 if unsafe else kinds[Applicability.UNSAFE]
-    hint = f" ({hidden} hidden fixes can be enabled with the `--unsafe-fixes` option)" if hidden else ""
+    lines = [f"Found {_plural(total, 'error')}{tail}"]
+    applicable = sum(1 for d in remaining if _marker(d, unsafe))
+    hidden = hidden_fixes(remaining, unsafe) if hint else 0
+    held = f"{_plural(hidden, 'unsafe fix')} available with `{unsafe_flag}`"
     if applicable:
-        lines.append(f"[*] {applicable} fixable with the `--fix` option{hint}.")
+        lines.append(f"[*] {applicable} fixable with `--fix`" + (f" ({held})." if hidden else "."))
     elif hidden:
-        lines.append(f"No fixes available{hint}.")
+        lines.append(f"{held}.")
     return "\n".join(lines) + "\n"
+
+
+def would_fix(fixes: int, hidden: int) -> str:
+    """`--diff`'s closing line (ruff's words); empty when there is nothing to say."""
+    if fixes:
+        extra = f" ({_plural(hidden, 'additional fix')} available with `--unsafe-fixes`)" \
+            if hidden else ""
+        return f"Would fix {_plural(fixes, 'error')}{extra}.\n"
+    if hidden:
+        return f"No errors would be fixed ({_plural(hidden, 'fix')} available with " \
+               "`--unsafe-fixes`).\n"
+    return ""
+
+
+def fixed_only(fixes: int, hidden: int) -> str:
+    """`--fix-only`'s closing line (ruff's words); empty when there is nothing to say."""
+    if fixes:
+        extra = f" ({_plural(hidden, 'additional fix')} available with `--unsafe-fixes`)" \
+            if hidden else ""
+        return f"Fixed {_plural(fixes, 'error')}{extra}.\n"
+    if hidden:
+        return f"No errors fixed ({_plural(hidden, 'fix')} available with `--unsafe-fixes`).\n"
+    return ""
+
+
+def fixes_listing(results: Sequence[FileResult], book: RuleBook) -> str:
+    """`--show-fixes`: what was fixed, per file and rule (ruff's layout)."""
+    done = [r for r in results if r.fixed]
+    if not done:
+        return ""
+    total = sum(len(r.fixed) for r in done)
+    lines = ["", f"Fixed {_plural(total, 'error')}:"]
+    for result in sorted(done, key=lambda r: r.path):
+        lines.append(f"- {result.path}:")
+        for code, count in sorted(Counter(d.code for d in result.fixed).items()):
+            lines.append(f"    {count} × {code} ({book.rules[code].name})")
+    return "\n".join(lines) + "\n\n"
 
 
 def unified_diff(result: FileResult) -> str:
