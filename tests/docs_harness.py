@@ -145,6 +145,11 @@ def check_labels(blocks: list[Block]) -> None:
         if block.lang not in RUN | PARSE | TEXT and block.skip is None:
             raise DocsError(f"{block.where}: unknown block language `{block.lang}` (a block in "
                             "another language needs a skip marker saying what runs it)")
+        if block.lang in RUN and block.skip is None and not block.newcomer and \
+                re.search(r"\bpip3? install\b", block.text):
+            raise DocsError(f"{block.where}: a block that runs `pip install` would install into "
+                            "the environment running the tests: mark it `newcomer` (run in a "
+                            "fresh venv by scripts/newcomer) or skip it with a reason")
         if block.lang in TEXT and any(line.startswith("$ ") for line in block.text.splitlines()):
             raise DocsError(f"{block.where}: a ```text block with `$ ` command lines: make it "
                             f"```console so that it runs (or mark it skipped with a reason)")

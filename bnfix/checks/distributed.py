@@ -255,7 +255,8 @@ def _torch_fix(module: ModuleIR, wrap: ModelStep) -> Fix:
     on_cpu = "gloo" in module.backends
     name, imports = _import(module, BNFIX_SYNC if on_cpu else TORCH_SYNC)
     why = (" (bnfix's SyncBatchNorm also runs on CPU/gloo, which this script uses; adds a runtime "
-           "dependency on bnfix)" if on_cpu else "")
+           "dependency on bnfix)" if on_cpu else " (torch's SyncBatchNorm trains on CUDA/NCCL "
+           "only: on CPU/gloo it raises, where `bnfix.torch.convert_sync` works)")
     insert = InsertRows(first.statement.first_row, first.statement.indent,
                         ((0, f"{model} = {name}({model})"),))
     return Fix(UNSAFE, f"Convert BN to SyncBatchNorm before the wrap and the optimizer{why}; {COST}",

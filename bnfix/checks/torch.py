@@ -250,6 +250,10 @@ def sync_bn_after_wrap(module: ModuleIR) -> Iterator[Finding]:
             "modules, and a converter that makes new parameters (apex) leaves the optimizer "
             "updating stale ones; convert before wrapping and before building the optimizer"
         )
+        if "gloo" in module.backends and "SyncBatchNorm.convert_sync_batchnorm" in \
+                convert.call.callee + convert.qualname:
+            message += (" (this script uses gloo, on which torch's SyncBatchNorm raises in "
+                        "training: `bnfix.torch.convert_sync` runs on CPU/gloo as well)")
         related = tuple(Related(s.through.path, s.through.span, f"`{s.qualname}` is defined here")
                         for s in inside if s.through is not None)
         fix = _bn103_fix(convert, earlier) if not inside else Fix(
