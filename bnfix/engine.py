@@ -17,7 +17,7 @@ from bnfix.ir import Applicability, Edit, Finding, Fix, Pos, Span
 from bnfix.rulebook import ApiSpec, RuleBook
 from bnfix.source.reader import SourceError, decode, parse
 from bnfix.source.text import SourceText
-from bnfix.source.writer import apply_fixes, final_check, lower
+from bnfix.source.writer import apply_fixes, buildable, final_check, lower
 
 if TYPE_CHECKING:
     from bnfix.ir import ModuleIR
@@ -252,7 +252,7 @@ class Engine:
         for f in sorted(findings, key=lambda f: (f.span.start, f.code)):
             if suppressions.suppressed(f.code, f.span.start.row, f.span.end.row):
                 continue
-            fix = lower(f.fix, source) if f.fix is not None else None
+            fix = buildable(lower(f.fix, source)) if f.fix is not None else None
             rule = self.book.rules[f.code]
             related = tuple(RelatedLocation(r.path or path, r.span, r.message) for r in f.related)
             out.append(Diagnostic(path, f.code, rule.name, f.span, f.message, fix, rule.url,

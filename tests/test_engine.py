@@ -9,7 +9,7 @@ from bnfix import check_source, fix_source, load_rulebook
 from bnfix.engine import Engine
 from bnfix.ir import Applicability, Edit, Fix, Pos, Span, WrapStatements
 from bnfix.source.text import SourceText
-from bnfix.source.writer import apply_fixes, lower
+from bnfix.source.writer import UNBUILDABLE, apply_fixes, buildable, lower
 
 SEED = textwrap.dedent('''
     import tensorflow as tf
@@ -159,3 +159,39 @@ def test_final_libcst_check_rejects_the_whole_file(monkeypatch):
     assert result.new_text is None and result.fixed == []
     assert [d.code for d in result.diagnostics] == ["BN004"]
     assert "LibCST cannot round-trip" in result.notes[0]
+
+
+def test_a_fix_whose_own_edits_overlap_is_shown_not_counted_fixable():
+    """A fix with overlapping edits can never be applied: offered as fixable it would keep
+    `bnfix fix` (and a pre-commit hook) failing forever (BN002 once did this on a real tower
+    loop)."""
+    text = SourceText("a = 1\n")
+    clash = Fix(Applicability.UNSAFE, "clash", (Edit(Span(Pos(1, 0), Pos(1, 3)), "b ="),
+                                                 Edit(Span(Pos(1, 2), Pos(1, 5)), "= 2")))
+    shown = buildable(lower(clash, text))
+    assert shown.applicability is Applicability.DISPLAY_ONLY and not shown.edits
+    assert UNBUILDABLE in shown.message
+    fine = Fix(Applicability.UNSAFE, "fine", (Edit(Span(Pos(1, 4), Pos(1, 5)), "2"),))
+    assert buildable(fine) is fine
+
+
+def test_no_rule_example_or_fixture_offers_a_fix_whose_edits_overlap():
+    """Every fix the rule examples and the fixtures produce can be built (see above)."""
+    from conftest import FIXTURES
+
+    from bnfix import check_paths
+
+    book = load_rulebook()
+    seen = 0
+    for rule in book.rules.values():
+        for example in rule.examples:
+            if example.source is None:
+                continue
+            for d in check_source(example.source, "example.py", select=[rule.code]):
+                seen += 1
+                assert d.fix is None or UNBUILDABLE not in d.fix.message, (rule.code, example.name)
+    report = check_paths([FIXTURES], select=["ALL"])
+    for d in report.remaining:
+        seen += 1
+        assert d.fix is None or UNBUILDABLE not in d.fix.message, (d.path, d.code)
+    assert seen > 100

@@ -15,6 +15,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from bnfix.ir import (
+    Applicability,
     DeleteRows,
     Edit,
     EditOp,
@@ -29,10 +30,30 @@ from bnfix.source.text import SourceText
 
 
 def lower(fix: Fix, text: SourceText) -> Fix:
-    """`fix` with every structural edit turned into plain text edits."""
+    """`fix` with every structural edit turned into plain text edits. A one-row edit inside
+    rows that the same fix wraps in a block is made inside the wrapped text (one edit, not two
+    that overlap)."""
     if all(isinstance(e, Edit) for e in fix.edits):
         return fix
-    return replace(fix, edits=tuple(_lower_op(op, text) for op in fix.edits))
+    wraps = [op for op in fix.edits if isinstance(op, WrapStatements)]
+    inner: dict[int, list[Edit]] = {id(w): [] for w in wraps}
+    rest: list[EditOp] = []
+    for op in fix.edits:
+        home = next((w for w in wraps if isinstance(op, Edit) and _within_rows(op, w)), None)
+        if home is not None:
+            inner[id(home)].append(op)  # type: ignore[arg-type]
+        else:
+            rest.append(op)
+    return replace(fix, edits=tuple(
+        _wrap(op, text, inner[id(op)]) if isinstance(op, WrapStatements) else _lower_op(op, text)
+        for op in rest))
+
+
+def _within_rows(edit: Edit, wrap: WrapStatements) -> bool:
+    """A one-row edit of a row the wrap moves (its text has no line break)."""
+    row = edit.span.start.row
+    return (edit.span.end.row == row and wrap.first_row <= row <= wrap.last_row
+            and "\n" not in edit.content and "\r" not in edit.content)
 
 
 def _lower_op(op: EditOp, text: SourceText) -> Edit:
@@ -78,20 +99,29 @@ def _try_finally(op: TryFinally, text: SourceText) -> Edit:
     return Edit(Span(Pos(op.first_row, 0), end), text.newline.join(lines))
 
 
-def _wrap(op: WrapStatements, text: SourceText) -> Edit:
+def _wrap(op: WrapStatements, text: SourceText, inner: list[Edit] | None = None) -> Edit:
     """Replace rows first..last with a header at their indentation and the rows one level
-    deeper (rows that begin inside a multi-line string keep their text)."""
+    deeper (rows that begin inside a multi-line string keep their text), with the one-row
+    `inner` edits made in them first."""
     indent = text.indentation(op.first_row)
-    lines = [indent + op.header, *_deeper(text, op.first_row, op.last_row)]
+    lines = [indent + op.header, *_deeper(text, op.first_row, op.last_row, inner or [])]
     end = Pos(op.last_row, len(text.line(op.last_row)))
     return Edit(Span(Pos(op.first_row, 0), end), text.newline.join(lines))
 
 
-def _deeper(text: SourceText, first_row: int, last_row: int) -> list[str]:
+def _deeper(text: SourceText, first_row: int, last_row: int,
+            inner: list[Edit] | None = None) -> list[str]:
     """Rows first..last one indentation step deeper (rows inside a string keep their text)."""
     unit, inside = text.indent_unit, text.rows_inside_strings
-    return [line if row in inside or not line.strip() else unit + line
-            for row, line in ((r, text.line(r)) for r in range(first_row, last_row + 1))]
+    out = []
+    for row in range(first_row, last_row + 1):
+        line = text.line(row)
+        here = [(i, e) for i, e in enumerate(inner or ()) if e.span.start.row == row]
+        for _, e in sorted(here, key=lambda p: (p[1].span.start.col, p[1].span.end.col, p[0]),
+                           reverse=True):  # right to left; at one column, the first ends first
+            line = line[:e.span.start.col] + e.content + line[e.span.end.col:]
+        out.append(line if row in inside or not line.strip() else unit + line)
+    return out
 
 
 @dataclass
@@ -159,6 +189,18 @@ def final_check(source: str) -> str | None:
     if module.code != source:
         return "LibCST does not round-trip the result"
     return None
+
+
+UNBUILDABLE = "bnfix could not build this fix's edits (they overlap); please report it"
+
+
+def buildable(fix: Fix) -> Fix:
+    """A lowered fix as offered: one whose own edits overlap could never be applied, so it is
+    shown, not counted as fixable (it would keep `bnfix fix` failing forever)."""
+    edits = [e for e in fix.edits if isinstance(e, Edit)]
+    if not any(_overlaps(a, b) for a, b in itertools.combinations(edits, 2)):
+        return fix
+    return Fix(Applicability.DISPLAY_ONLY, f"{fix.message} ({UNBUILDABLE})", ())
 
 
 def apply_fixes(text: SourceText, fixes: list[Fix]) -> Applied:
