@@ -109,8 +109,13 @@ class ProjectIndex:
         record, rest = resolved
         return record.name, rest
 
-    def _in_module(self, module: str, name: str, bound: bool, depth: int) -> tuple[Target, ...]:
-        """`name` (`f`, `Class`, `Class.method`) looked up in `module`, through its imports."""
+    def _in_module(self, module: str, name: str, bound: bool, depth: int,
+                   via: frozenset[tuple[str, str]] = frozenset()) -> tuple[Target, ...]:
+        """`name` (`f`, `Class`, `Class.method`) looked up in `module`, through its imports
+        (`via`: the lookups this one is part of; star imports that cycle end there)."""
+        if (module, name) in via:
+            return ()
+        via = via | {(module, name)}
         summary = self.summaries.get(module)
         if summary is None or depth > MAX_DEPTH:
             if depth > MAX_DEPTH:
@@ -131,12 +136,12 @@ class ProjectIndex:
                 owner, rest = found
                 inner = ".".join(p for p in (rest, tail) if p)
                 if (owner, inner) != (module, name) and inner:
-                    return self._in_module(owner, inner, bound, depth + 1)
+                    return self._in_module(owner, inner, bound, depth + 1, via)
             return ()
         for star in summary.star_imports:
             found = self._locate(star, summary.path, depth + 1)
             if found is not None and not found[1] and found[0] != module:
-                hit = self._in_module(found[0], name, bound, depth + 1)
+                hit = self._in_module(found[0], name, bound, depth + 1, via)
                 if hit:
                     return hit
         return ()
