@@ -58,12 +58,14 @@ def fix_source(source: str, filename: str = "<string>", *, unsafe_fixes: bool = 
 
 def check_paths(paths: list[str | Path], *, fix: bool = False, unsafe_fixes: bool = False,
                 diff: bool = False, select: list[str] | None = None,
-                ignore: list[str] | None = None, config: str | None = None,
-                jobs: int | None = 1, cache: bool = False) -> Report:
+                extend_select: list[str] | None = None, ignore: list[str] | None = None,
+                config: str | None = None, jobs: int | None = 1,
+                cache: bool = False) -> Report:
     """Check files and folders like `bnfix check`; with `fix=True` the files are rewritten
     (atomically), with `diff=True` nothing is written and the results hold both texts."""
     options = LintOptions(paths=[str(p) for p in paths], fix=fix, unsafe_fixes=unsafe_fixes,
-                          diff=diff, select=select, ignore=list(ignore or ()), config=config,
+                          diff=diff, select=select, extend_select=list(extend_select or ()),
+                          ignore=list(ignore or ()), config=config,
                           jobs=jobs, progress=False, cache=cache)
     _, settings, engine = prepare(options, Path(options.paths[0]) if options.paths else Path.cwd())
     outcome = lint_paths(options, engine, settings, io.StringIO())

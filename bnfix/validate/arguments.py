@@ -79,6 +79,9 @@ def fix_options(fix: argparse.ArgumentParser) -> None:
     """The options of `validate fix` (also parsed from the tokens between PATH and `--`)."""
     fix.add_argument("--select", help="rules to fix, comma-separated (default: the "
                                       "configuration's)")
+    fix.add_argument("--extend-select", metavar="SELECT",
+                     help="rules to fix on top of the selection, comma-separated (e.g. the "
+                          "opt-in BN104)")
     fix.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure as JSON")
     fix.add_argument("--plot", metavar="OUT.png", help="write the BN state trajectories")
     fix.add_argument("--timeout", type=float, default=600, help="seconds each run may take")

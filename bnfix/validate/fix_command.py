@@ -90,13 +90,14 @@ def _findings(diagnostics: list, root: Path) -> list[Finding]:
     return sorted(set(out), key=lambda f: (f.path, f.row, f.code))
 
 
-def _check_and_fix(original: Path, fixed: Path, select: list[str] | None
-                   ) -> tuple[list[Finding], list[Finding], list[Finding]]:
+def _check_and_fix(original: Path, fixed: Path, select: list[str] | None,
+                   extend: list[str]) -> tuple[list[Finding], list[Finding], list[Finding]]:
     """The findings in the original copy; the fixed and remaining ones after fixing the other."""
     from bnfix.api import check_paths
 
-    found = check_paths([original], select=select)
-    report = check_paths([fixed], fix=True, unsafe_fixes=True, select=select)
+    found = check_paths([original], select=select, extend_select=extend)
+    report = check_paths([fixed], fix=True, unsafe_fixes=True, select=select,
+                         extend_select=extend)
     done = [d for r in report.results for d in r.fixed]
     return (_findings(found.remaining, original), _findings(done, fixed),
             _findings(report.remaining, fixed))
@@ -204,6 +205,10 @@ def _work_folder(keep: str | None) -> Path:
     return work.resolve()
 
 
+def _codes(option: str | None) -> list[str]:
+    return [s.strip() for s in (option or "").split(",") if s.strip()]
+
+
 def run_fix(args: argparse.Namespace) -> int:
     started = time.monotonic()
     command = _command(args)
@@ -213,14 +218,16 @@ def run_fix(args: argparse.Namespace) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("validate fix: --timeout must be positive")
     progress = _Progress(args.progress)
-    select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
+    select = _codes(args.select) or None
+    extend = _codes(args.extend_select)
     work = _work_folder(args.keep)
     try:
         progress.phase(f"copying {root} twice into {work}")
         for name in ("original", "fixed"):
             shutil.copytree(root, work / name, ignore=SKIPPED, symlinks=True)
         progress.phase("bnfix fix --unsafe-fixes on the second copy")
-        found, fixed, remaining = _check_and_fix(work / "original", work / "fixed", select)
+        found, fixed, remaining = _check_and_fix(work / "original", work / "fixed", select,
+                                                   extend)
         result = Validation(str(root), command, found, fixed, remaining)
         if not fixed:
             sys.stdout.write(f"nothing to validate: bnfix fixed nothing in {root} "
