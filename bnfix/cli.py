@@ -1,19 +1,33 @@
-"""The command line: parses arguments and calls one function per command."""
+"""The command line: parses arguments and calls one function per command.
+
+Nothing but `sys` is imported when this module loads: everything else is imported inside
+`main`, where a Ctrl-C that lands while modules are still loading is caught (exit 130, one
+line) like one that lands later."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import signal
 import sys
+from typing import TYPE_CHECKING
 
-from bnfix import __version__
+if TYPE_CHECKING:
+    import argparse
 
 EPILOG = "Exit codes: 0 clean (or everything fixed), 1 findings remain, 2 usage or internal error."
 
 
 def _codes(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _size(value: str) -> int:
+    import argparse
+
+    from bnfix.config import ConfigError, parse_size
+
+    try:
+        return parse_size(value, "--max-file-size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
@@ -49,9 +63,18 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
     parser.add_argument("--report-all-syntax-errors", action="store_true",
                         help="parse every file and report any syntax error as BN900 (by default "
                              "only files a rule reads are parsed)")
+    parser.add_argument("--max-file-size", type=_size, default=None, metavar="SIZE",
+                        help="skip (with one line) files larger than this: bytes, or with a k/M "
+                             "suffix (default 2M; 0: no limit)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the traceback of an internal error")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    from bnfix import __version__
+
     parser = argparse.ArgumentParser(
         prog="bnfix",
         description="Find and fix BatchNorm bugs in TensorFlow, Keras and PyTorch code.",
@@ -130,6 +153,8 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         progress=args.progress,
         cache=args.cache,
         all_syntax_errors=args.report_all_syntax_errors,
+        max_file_size=args.max_file_size,
+        verbose=args.verbose,
     )
     return run(options)
 
@@ -142,6 +167,8 @@ def _rule_record(rule) -> dict:  # type: ignore[no-untyped-def]
 
 
 def _cmd_rule(args: argparse.Namespace) -> int:
+    import json
+
     from bnfix.rulebook import load_rulebook
 
     book = load_rulebook()
@@ -165,6 +192,8 @@ def _cmd_rule(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
+    import json
+
     from bnfix.rulebook import load_rulebook, rules_table_markdown
 
     book = load_rulebook()
@@ -212,6 +241,16 @@ COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _c
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also while bnfix's modules are still being imported
+        sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    import signal
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -234,9 +273,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 1
-    except KeyboardInterrupt:
-        sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
-        return 130
     except Terminated:
         sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
         return 143
@@ -250,7 +286,7 @@ EXTRAS = {"torch": "torch", "numpy": "torch", "tensorflow": "tf", "keras": "tf",
           "onnx": "onnx", "onnxruntime": "onnx", "matplotlib": "plot"}
 
 INTERRUPTED = ("interrupted: files already fixed are complete, the others are unchanged "
-               "(every write is a whole-file rename)")
+               "(no file is ever half-written)")
 
 
 class Terminated(BaseException):

@@ -4,8 +4,6 @@ rule over that IR, suppressions, and fix application (iterated until nothing mor
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -74,6 +72,7 @@ class FileResult:
     digest: str | None = None  # of the bytes read
     unchanged: bool = False  # the content matched the cached digest: not analysed again
     ignored: frozenset[str] = frozenset()  # the per-file ignores it was checked with
+    internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
 
     @property
     def changed(self) -> bool:
@@ -391,25 +390,3 @@ def _span(span: Span) -> list[int]:
 
 def _unspan(values: list[int]) -> Span:
     return Span(Pos(values[0], values[1]), Pos(values[2], values[3]))
-
-
-def write_atomic(path: Path, text: str, encoding: str) -> str:
-    """Replace `path`'s content all at once: a temporary file in the same folder, renamed over
-    the original (a symlink keeps pointing at its target, which gets the new content). Returns
-    the digest of what was written."""
-    target = Path(os.path.realpath(path))
-    data = text.encode(encoding)
-    mode = target.stat().st_mode
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".bnfix", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode & 0o7777)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return hashlib.sha256(data).hexdigest()
