@@ -11,7 +11,11 @@ targets: a changed rule implementation never serves stale findings.
 The cache is plain JSON, never pickle: a cache file that came with a repository cannot run
 code. A malformed entry (or file) is ignored, never trusted. What is stored is what was
 analysed: the file is stat-ed before it is read, so an edit saved during the run is seen as a
-change by the next run."""
+change by the next run. A file's modification time has a coarse clock on some systems (one
+tick, up to 2 s on FAT): an edit saved within that tick of the read would keep the size and the
+time. So, as git does with its index, an entry whose time is that close to the run is stored
+"racy": the next run compares its content digest (cheap: read, not analysed) instead of trusting
+the time."""
 
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ CACHE_DIR = ".bnfix_cache"
 FORMAT = 2
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
+RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
+RACY = -1  # the stored mtime of a racy entry: it never matches a file's time
 
 
 def digest(data: bytes) -> str:
@@ -133,6 +139,7 @@ class Cache:
         self.entries: dict[str, Entry] = {}
         self.changed: dict[str, Entry] = {}
         self.meta: dict[str, Any] = {}  # `scope`: the project the edges were computed in
+        self.started_ns = time.time_ns()
         self._load()
 
     def _load(self) -> None:
@@ -216,8 +223,9 @@ class Cache:
             self._load()
             self.meta = meta
             self.entries.update(self.changed)
+            racy = self.started_ns - RACY_NS
             payload = {"format": FORMAT, "meta": self.meta,
-                       "files": {k: _data(v) for k, v in self.entries.items()}}
+                       "files": {k: _data(v, racy) for k, v in self.entries.items()}}
             fd, tmp = tempfile.mkstemp(prefix=".cache.", dir=self.folder)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -241,8 +249,11 @@ class Cache:
                 continue
 
 
-def _data(entry: Entry) -> dict[str, Any]:
+def _data(entry: Entry, racy_ns: int) -> dict[str, Any]:
+    """An entry as JSON data; one whose file was modified after `racy_ns` is stored racy."""
     out = dict(vars(entry))
+    if entry.mtime_ns >= racy_ns:
+        out["mtime_ns"] = RACY
     if entry.findings is not None:
         out["findings"] = vars(entry.findings)
     return out

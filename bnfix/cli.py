@@ -1,16 +1,16 @@
-"""The command line: parses arguments and calls one function per command."""
+"""The command line: parses arguments and calls one function per command.
+
+Nothing but `sys` is imported when this module loads: everything else is imported inside
+`main`, where a Ctrl-C that lands while modules are still loading is caught (exit 130, one
+line) like one that lands later."""
 
 from __future__ import annotations
 
-import argparse
-import difflib
-import json
-import re
-import signal
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING
 
-from bnfix import __version__
+if TYPE_CHECKING:
+    import argparse
 
 EPILOG = "Exit codes: 0 clean (or everything fixed), 1 findings remain, 2 usage or internal error."
 
@@ -21,6 +21,8 @@ def _codes(value: str) -> list[str]:
 
 def _tf_version(value: str) -> tuple[int, ...]:
     """`--target-version 2.15` (or `tf2.15`): the TensorFlow release the code targets."""
+    import argparse
+
     text = value.strip().lower().removeprefix("tf")
     parts = text.split(".")
     if not all(p.isdigit() for p in parts):
@@ -28,41 +30,15 @@ def _tf_version(value: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse with ruff's manners on a bad command line: the usage of the command that was
-    run, and the nearest valid option or command when one was mistyped."""
+def _size(value: str) -> int:
+    import argparse
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.commands: dict[str, argparse.ArgumentParser] = {}
-        self.top: argparse.ArgumentParser | None = None  # the bnfix parser, for a subcommand's
+    from bnfix.config import ConfigError, parse_size
 
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}{self._hint(message)}\n"
-                     f"For more information, try `{self.prog} --help`.\n")
-
-    def _hint(self, message: str) -> str:
-        choice = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)", message)
-        if choice is not None:
-            options = [c.strip(" '\"") for c in choice.group(2).split(",")]
-            return _suggest(choice.group(1), options)
-        unknown = re.match(r"unrecognized arguments: (.*)", message)
-        if unknown is None:
-            return ""
-        for token in unknown.group(1).split():
-            if not token.startswith("-"):
-                continue
-            flag = token.split("=", 1)[0]
-            if self.top is not None and flag in self.top._option_string_actions:
-                return f" (`{flag}` is an option of `bnfix` itself: `bnfix {flag}`)"
-            return _suggest(flag, list(self._option_string_actions))
-        return ""
-
-
-def _suggest(word: str, options: list[str]) -> str:
-    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean `{match[0]}`?)" if match else ""
+    try:
+        return parse_size(value, "--max-file-size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
@@ -129,9 +105,17 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
     parser.add_argument("--report-all-syntax-errors", action="store_true",
                         help="parse every file and report any syntax error as BN900 (by default "
                              "only files a rule reads are parsed)")
+    parser.add_argument("--max-file-size", type=_size, default=None, metavar="SIZE",
+                        help="skip (with one line) files larger than this: bytes, or with a k/M "
+                             "suffix (default 2M; 0: no limit)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the traceback of an internal error")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bnfix import __version__
+    from bnfix.parser import Parser
+
     parser = Parser(
         prog="bnfix",
         description="Find and fix BatchNorm bugs in TensorFlow, Keras and PyTorch code.",
@@ -209,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _seconds(value: str) -> float:
+    import argparse
+
     try:
         seconds = float(value)
     except ValueError:
@@ -255,11 +241,17 @@ def _cmd_lint(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         isolated=args.isolated,
         target_version=args.target_version,
+        max_file_size=args.max_file_size,
+        verbose=args.verbose,
     )
     return run(options)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
+    import json
+
+    from bnfix import __version__
+
     if args.output_format == "json":
         sys.stdout.write(json.dumps({"version": __version__}, indent=2) + "\n")
     else:
@@ -275,6 +267,8 @@ def _rule_record(rule) -> dict:  # type: ignore[no-untyped-def]
 
 
 def _cmd_rule(args: argparse.Namespace) -> int:
+    import json
+
     from bnfix.rulebook import load_rulebook
 
     book = load_rulebook()
@@ -298,6 +292,8 @@ def _cmd_rule(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules(args: argparse.Namespace) -> int:
+    import json
+
     from bnfix.rulebook import load_rulebook, rules_table_markdown
 
     book = load_rulebook()
@@ -352,6 +348,16 @@ COMMANDS = {"check": _cmd_lint, "fix": _cmd_lint, "rule": _cmd_rule, "rules": _c
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also while bnfix's modules are still being imported
+        sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    import signal
+
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported with the usage of the command they were given to
@@ -377,9 +383,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 1
-    except KeyboardInterrupt:
-        sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
-        return 130
     except Terminated:
         sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
         return 143
@@ -394,7 +397,7 @@ EXTRAS = {"torch": "torch", "numpy": "torch", "tensorflow": "tf", "keras": "tf",
           "lsprotocol": "lsp"}
 
 INTERRUPTED = ("interrupted: files already fixed are complete, the others are unchanged "
-               "(every write is a whole-file rename)")
+               "(no file is ever half-written)")
 
 
 class Terminated(BaseException):

@@ -4,8 +4,6 @@ rule over that IR, suppressions, and fix application (iterated until nothing mor
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -52,6 +50,9 @@ class Diagnostic:
     url: str
     snippet: tuple[tuple[int, str], ...] = ()  # (row, text) around the span, for display
     related: tuple[RelatedLocation, ...] = ()
+    # per snippet row, how far it was shifted when cut to a window around the span (a long
+    # row): the column shown first, less one for the `…` that marks the cut; () when none was
+    snippet_shift: tuple[int, ...] = ()
 
     @property
     def fixable(self) -> bool:
@@ -71,6 +72,7 @@ class FileResult:
     digest: str | None = None  # of the bytes read
     unchanged: bool = False  # the content matched the cached digest: not analysed again
     ignored: frozenset[str] = frozenset()  # the per-file ignores it was checked with
+    internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
 
     @property
     def changed(self) -> bool:
@@ -85,10 +87,39 @@ def is_test_module(path: str) -> bool:
         any(part in ("tests", "test", "testing") for part in parts[:-1])
 
 
-def _snippet(source: SourceText, span: Span) -> tuple[tuple[int, str], ...]:
+SNIPPET_WIDTH = 200  # characters of a row shown around a finding (a minified row is not shown whole)
+ELLIPSIS = "…"
+
+
+def _snippet(source: SourceText, span: Span) -> tuple[tuple[tuple[int, str], ...],
+                                                     tuple[int, ...]]:
+    """The rows around `span` for display, and how far each was shifted: a row longer than
+    SNIPPET_WIDTH is cut to a window around the span's start (marked with `…`), so a finding
+    costs O(width), not O(row) — thousands of findings on one 2 MB row stay cheap."""
     first = max(1, span.start.row - 1)
     last = min(source.row_count, span.end.row + 1, first + 7)
-    return tuple((row, source.line(row)) for row in range(first, last + 1))
+    col = max(0, span.start.col - SNIPPET_WIDTH // 4)
+    rows, shifts = [], []
+    for row in range(first, last + 1):
+        start, end = _row_bounds(source, row)
+        if end - start <= SNIPPET_WIDTH:
+            rows.append((row, source.text[start:end]))
+            shifts.append(0)
+            continue
+        piece = source.text[start + col:min(end, start + col + SNIPPET_WIDTH)]
+        cut_end = start + col + SNIPPET_WIDTH < end
+        rows.append((row, (ELLIPSIS if col else "") + piece + (ELLIPSIS if cut_end else "")))
+        shifts.append(col - 1 if col else 0)
+    return tuple(rows), tuple(shifts) if any(shifts) else ()
+
+
+def _row_bounds(source: SourceText, row: int) -> tuple[int, int]:
+    """Offsets of `row`'s first character and of its end (its line ending excluded)."""
+    start = source.offset(Pos(row, 0))
+    end = source.offset(Pos(row + 1, 0)) if row < source.row_count else len(source.text)
+    while end > start and source.text[end - 1] in "\r\n":
+        end -= 1
+    return start, end
 
 
 class Triggers:
@@ -255,8 +286,9 @@ class Engine:
             fix = buildable(lower(f.fix, source)) if f.fix is not None else None
             rule = self.book.rules[f.code]
             related = tuple(RelatedLocation(r.path or path, r.span, r.message) for r in f.related)
+            snippet, shifts = _snippet(source, f.span)
             out.append(Diagnostic(path, f.code, rule.name, f.span, f.message, fix, rule.url,
-                                  _snippet(source, f.span), related))
+                                  snippet, related, shifts))
         return out
 
     def summarize(self, lifted: Lifted, module_id: str, import_name: str,
@@ -299,7 +331,7 @@ class Engine:
             current = applied.text
             diagnostics = self.diagnose(current, path, ignored, project)
         if current != text:
-            problem = final_check(current)
+            problem = final_check(current, text)
             if problem is not None:  # CPython accepted every pass; LibCST does not: write nothing
                 result.notes.append(f"{path}: fixes dropped: LibCST cannot round-trip the result "
                                     f"({problem})")
@@ -347,7 +379,7 @@ def diagnostic_to_dict(d: Diagnostic) -> dict:
         fix = {"a": d.fix.applicability.value, "m": d.fix.message,
                "e": [[*_span(e.span), e.content] for e in d.fix.edits if isinstance(e, Edit)]}
     return {"c": d.code, "n": d.name, "s": _span(d.span), "m": d.message, "f": fix, "u": d.url,
-            "x": [list(row) for row in d.snippet],
+            "x": [list(row) for row in d.snippet], "o": list(d.snippet_shift),
             "r": [[r.path, *_span(r.span), r.message] for r in d.related]}
 
 
@@ -359,7 +391,8 @@ def diagnostic_from_dict(data: dict, path: str) -> Diagnostic:
         fix = Fix(Applicability(f["a"]), f["m"], edits)
     return Diagnostic(path, data["c"], data["n"], _unspan(data["s"]), data["m"], fix, data["u"],
                       tuple((row, text) for row, text in data["x"]),
-                      tuple(RelatedLocation(r[0], _unspan(r[1:5]), r[5]) for r in data["r"]))
+                      tuple(RelatedLocation(r[0], _unspan(r[1:5]), r[5]) for r in data["r"]),
+                      tuple(int(shift) for shift in data.get("o", ())))
 
 
 def _span(span: Span) -> list[int]:
@@ -368,25 +401,3 @@ def _span(span: Span) -> list[int]:
 
 def _unspan(values: list[int]) -> Span:
     return Span(Pos(values[0], values[1]), Pos(values[2], values[3]))
-
-
-def write_atomic(path: Path, text: str, encoding: str) -> str:
-    """Replace `path`'s content all at once: a temporary file in the same folder, renamed over
-    the original (a symlink keeps pointing at its target, which gets the new content). Returns
-    the digest of what was written."""
-    target = Path(os.path.realpath(path))
-    data = text.encode(encoding)
-    mode = target.stat().st_mode
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".bnfix", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode & 0o7777)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return hashlib.sha256(data).hexdigest()

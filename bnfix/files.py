@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bnfix.source.reader import Skipped, SourceError, read_source
+
 if TYPE_CHECKING:
     from pathspec import GitIgnoreSpec
 
@@ -22,6 +24,7 @@ DEFAULT_EXCLUDE = (
     "site-packages", "venv",
 )
 PYTHON_SUFFIXES = (".py", ".pyi")
+MAX_GITIGNORE_BYTES = 4 * 1024 * 1024
 _WILDCARD = re.compile(r"[*?\[]")
 
 
@@ -29,6 +32,7 @@ _WILDCARD = re.compile(r"[*?\[]")
 class Candidate:
     path: Path
     explicit: bool  # named on the command line (checked even when excluded, unless forced)
+    link: bool = False  # met in a walk as a symbolic link (its target may lie anywhere)
 
 
 class _Exclude:
@@ -96,9 +100,9 @@ class _Ignores:
 
 
 def _read_gitignore(path: Path) -> GitIgnoreSpec | None:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+    try:  # only a regular file: a FIFO never blocks the walk, a link to /dev/zero is refused
+        lines = read_source(path, MAX_GITIGNORE_BYTES).decode("utf-8", "replace").splitlines()
+    except (SourceError, Skipped):
         return None
     if not lines:
         return None
@@ -177,6 +181,7 @@ def _walk(shown: Path, folder: Path, ignores: _Ignores, respect: bool,
         path = folder / entry.name
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
+            is_link = not is_dir and entry.is_symlink()
         except OSError:
             continue
         if is_dir:
@@ -187,6 +192,6 @@ def _walk(shown: Path, folder: Path, ignores: _Ignores, respect: bool,
             continue
         if path not in seen:
             seen.add(path)
-            yield Candidate(shown / entry.name, explicit=False)
+            yield Candidate(shown / entry.name, explicit=False, link=is_link)
     for name in subdirs:
         yield from _walk(shown / name, folder / name, ignores, respect, seen)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TextIO
 
 from bnfix.cache import Cache, cache_key, rules_digest
-from bnfix.config import ConfigError, Settings, load_settings
-from bnfix.engine import Diagnostic, Engine, FileResult, write_atomic
-from bnfix.files import discover
+from bnfix.config import ConfigError, Settings, check_selectors, load_settings
+from bnfix.engine import Diagnostic, Engine, FileResult
+from bnfix.files import Candidate, discover
+from bnfix.fixes import NotWritten, Writer
 from bnfix.ir import Pos, Span
 from bnfix.project.pins import tensorflow_pin
 from bnfix.project.runner import ProjectRunner
@@ -62,6 +63,8 @@ class LintOptions:
     cache_dir: str | None = None  # None: BNFIX_CACHE_DIR, the configuration's, .bnfix_cache/
     isolated: bool = False  # read no configuration file
     target_version: tuple[int, ...] | None = None  # the TensorFlow target (`target-tensorflow`)
+    max_file_size: int | None = None  # bytes (0: no limit); None: the configuration's
+    verbose: bool = False  # print the traceback of an internal error
 
 
 class UsageError(Exception):
@@ -76,6 +79,7 @@ class Outcome:
     changed: list[FileResult]
     errors: list[str]
     warnings: list[str] = field(default_factory=list)  # shown unless --quiet
+    internal: list[tuple[str, str]] = field(default_factory=list)  # (path, traceback)
 
 
 def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engine]:
@@ -83,6 +87,10 @@ def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engi
     try:
         book = load_rulebook()
         settings = _load_settings(options, start)
+        settings.check_codes(book)
+        for flag, values in (("--select", options.select or []), ("--ignore", options.ignore),
+                             ("--extend-select", options.extend_select)):
+            check_selectors(book, values, flag)
     except (ConfigError, RuleBookError) as exc:
         raise UsageError(str(exc)) from exc
     _command_line_settings(options, settings)
@@ -128,6 +136,8 @@ def _command_line_settings(options: LintOptions, settings: Settings) -> None:
         settings.cache_dir = Path(cache_dir).expanduser()
     if options.target_version is not None:  # as binding as `target-tensorflow`: pins yield
         settings.target_tensorflow, settings.target_origin = options.target_version, "configured"
+    if options.max_file_size is not None:
+        settings.max_file_size = options.max_file_size
 
 
 # -- running over files -------------------------------------------------------------------
@@ -159,21 +169,30 @@ class _Progress:
 
 
 def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
-               stderr: TextIO = sys.stderr) -> Outcome:
+               stderr: TextIO | None = None) -> Outcome:
     """Run over the paths: results, remaining diagnostics, fixes written (unless --diff)."""
+    stderr = sys.stderr if stderr is None else stderr
     paths, missing = _existing(options)
     walk = _walker(settings)
-    reported = [(str(c.path), settings.ignored_for(c.path, engine.book))
-                for c in walk(paths, force_exclude=options.force_exclude)]
     outcome = Outcome([], [], 0, [], [])
+    root = project_root(paths, settings.root if settings.source is not None else None) \
+        if paths else Path.cwd()
+    outside = _Outside(root)
+    reported = []
+    for candidate in walk(paths, force_exclude=options.force_exclude):
+        if outside(candidate):
+            outcome.errors.append(f"{candidate.path}: skipped: a symbolic link to a file outside "
+                                  f"{root} (name it on the command line to check it)")
+        else:
+            reported.append((str(candidate.path), settings.ignored_for(candidate.path,
+                                                                      engine.book)))
     for path in missing:  # reported like a file that cannot be read (ruff's E902)
         _missing_path(path, engine, settings, outcome)
     if paths and not reported:
         outcome.warnings.append("No Python files found under the given path(s)")
     if not paths:
         return outcome
-    root = project_root(paths, settings.root if settings.source is not None else None)
-    scope = [str(c.path) for c in walk([root])] if options.project else []
+    scope = [str(c.path) for c in walk([root]) if not outside(c)] if options.project else []
     show = options.progress if options.progress is not None else stderr.isatty()
     progress = _Progress(stderr, show)
     fixing = options.fix or options.diff
@@ -186,27 +205,21 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
         cache = Cache(settings.root, key, settings.cache_dir)
     runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=bool(settings.unsafe_fixes),
                            jobs=default_jobs() if options.jobs is None else options.jobs,
-                           max_bytes=settings.max_file_size)
+                           max_bytes=settings.max_bytes)
+    writer = Writer()
     stream = runner.run(reported, scope, root)
     with contextlib.closing(stream):  # closed at once on Ctrl-C: the workers stop with it
         for result in stream:
             progress.tick()
             outcome.errors.extend(result.notes)
+            if result.internal is not None:
+                outcome.internal.append((result.path, result.internal))
             written = None
             if result.changed:
                 if options.diff:
                     outcome.changed.append(result)
                 else:
-                    try:
-                        written = write_atomic(Path(result.path), result.new_text or "",
-                                               result.encoding)
-                    except (OSError, UnicodeEncodeError) as exc:
-                        outcome.errors.append(f"{result.path}: cannot write the fixed file ({exc}); "
-                                              "it is unchanged")
-                        result.diagnostics = result.fixed + result.diagnostics
-                        result.fixed = []
-                    else:
-                        outcome.changed.append(result)
+                    written = _write(writer, result, outcome)
             if cache is not None and written is not None:
                 cache.forget(result.path)  # its summary was of the text before the fixes
             outcome.fixed += len(result.fixed)
@@ -218,6 +231,7 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
                 outcome.results.append(result)
     progress.done()
     outcome.errors.extend(runner.notes)
+    outcome.internal.extend(runner.internal)
     if cache is not None:
         cache.save()
     outcome.remaining.sort(key=lambda d: (d.path, d.span.start, d.code))
@@ -250,12 +264,52 @@ def _missing_path(path: Path, engine: Engine, settings: Settings, outcome: Outco
         outcome.warnings.append(f"Failed to lint {path}: No such file or directory")
 
 
+class _Outside:
+    """Whether a file met in the walk is a symbolic link to a file outside the project: it is
+    not read (neither its findings nor a syntax error may print what such a file holds, and a
+    fix must not write there). A file named on the command line is always checked."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = os.path.realpath(root)
+
+    def __call__(self, candidate: Candidate) -> bool:
+        if not candidate.link or candidate.explicit:
+            return False
+        target = os.path.realpath(candidate.path)
+        return os.path.commonpath([self.root, target]) != self.root
+
+
+def _write(writer: Writer, result: FileResult, outcome: Outcome) -> str | None:
+    """Write one fixed file; when it cannot be written, its fixes go back to the findings
+    (they were not applied) with one line that says why."""
+    try:
+        if result.digest is None:
+            raise NotWritten("bnfix does not know what it read")
+        written = writer.write(Path(result.path), result.new_text or "", result.encoding,
+                               result.digest)
+    except (NotWritten, OSError, UnicodeEncodeError) as exc:
+        count = len(result.fixed)
+        why = str(exc) if isinstance(exc, NotWritten) else f"cannot write the fixed file ({exc})"
+        outcome.errors.append(f"{result.path}: not fixed, {count} fix{'es' if count != 1 else ''} "
+                              f"not applied: {why}")
+        result.diagnostics = result.fixed + result.diagnostics
+        result.fixed = []
+        result.new_text = None
+        return None
+    outcome.changed.append(result)
+    return written
+
+
 # -- the commands ---------------------------------------------------------------------------
 
 
-def run(options: LintOptions, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout,
-        stderr: TextIO = sys.stderr) -> int:
-    """`bnfix check`: returns the exit code (0 clean, 1 findings remain, 2 usage error)."""
+def run(options: LintOptions, stdin: TextIO | None = None, stdout: TextIO | None = None,
+        stderr: TextIO | None = None) -> int:
+    """`bnfix check`: returns the exit code (0 clean, 1 findings remain, 2 usage error or an
+    internal error). The streams default to sys's at the time of the call."""
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
     if options.output_format not in formats.FORMATS:
         raise UsageError(f"unknown output format `{options.output_format}` "
                          f"(one of {', '.join(formats.FORMATS)})")
@@ -343,15 +397,43 @@ def _unsafe_flag(options: LintOptions) -> str:
 
 def _run_paths(options: LintOptions, book: RuleBook, settings: Settings, engine: Engine,
                out: TextIO, log: TextIO) -> int:
+    """The report of a run over files; exit 2 when a file's analysis raised (a bnfix bug),
+    whatever the findings."""
     outcome = lint_paths(options, engine, settings, log)
     log.writelines(f"bnfix: {line}\n" for line in outcome.errors)
     if not options.quiet:
         log.writelines(f"bnfix: warning: {line}\n" for line in outcome.warnings)
+    code = _outcome_report(options, book, settings, outcome, out, log)
+    if outcome.internal:
+        _report_internal(outcome.internal, options.verbose, log)
+        return 2
+    return code
+
+
+ISSUES = "https://github.com/bnfix/bnfix/issues"
+
+
+def _report_internal(crashes: list[tuple[str, str]], verbose: bool, stderr: TextIO) -> None:
+    """One line per file whose analysis raised (a bnfix bug); the tracebacks with --verbose or
+    BNFIX_TRACEBACK=1."""
+    verbose = verbose or os.environ.get("BNFIX_TRACEBACK") == "1"
+    for path, trace in crashes:
+        last = trace.strip().splitlines()[-1] if trace.strip() else "unknown error"
+        stderr.write(f"bnfix: {path}: internal error: {last}; the other files were checked. "
+                     f"Please report it at {ISSUES} with the file (or a reduced copy)"
+                     f"{'' if verbose else '; --verbose prints the traceback'}\n")
+        if verbose:
+            stderr.write(trace if trace.endswith("\n") else trace + "\n")
+
+
+def _outcome_report(options: LintOptions, book: RuleBook, settings: Settings, outcome: Outcome,
+                    out: TextIO, log: TextIO) -> int:
+    """Findings, diff, fix listing or noqa directives, as the options ask: the exit code."""
     hidden = formats.hidden_fixes(outcome.remaining, bool(settings.unsafe_fixes))
     if options.add_noqa:
         from bnfix.report.add_noqa import add_noqa
 
-        added = add_noqa(outcome.remaining, settings.max_file_size)
+        added = add_noqa(outcome.remaining, settings.max_bytes)
         log.writelines(f"bnfix: {line}\n" for line in added.notes)
         if added.added and not options.quiet:
             log.write(f"Added {added.added} noqa directive{'s' if added.added != 1 else ''}.\n")

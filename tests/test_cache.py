@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from conftest import run_bnfix
@@ -25,6 +26,8 @@ def _lint(root: Path, **options):
 
 def test_second_run_is_served_from_the_cache(tree):
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY, "b.py": CLEAN})
+    hour_ago = time.time_ns() - 3600 * 10**9  # not modified around the run: its time is trusted
+    os.utime(root / "a.py", ns=(hour_ago, hour_ago))
     first = _lint(root)
     assert [d.code for d in first.remaining] == ["BN008"]
     assert [r.unchanged for r in first.results] == [False]

@@ -196,7 +196,7 @@ def test_bad_configuration_is_a_usage_error(tree):
     root = tree({"pyproject.toml": "[tool.bnfix]\nselekt = ['BN001']\n", "a.py": BUGGY})
     run = run_bnfix("check", ".", cwd=root)
     assert run.returncode == 2
-    assert "unknown key(s) in [tool.bnfix]: selekt" in run.stderr
+    assert "[tool.bnfix] unknown key `selekt` (did you mean `select`?)" in run.stderr
 
 
 

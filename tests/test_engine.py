@@ -151,7 +151,8 @@ def test_select_and_ignore():
 def test_final_libcst_check_rejects_the_whole_file(monkeypatch):
     import bnfix.engine as engine_module
 
-    monkeypatch.setattr(engine_module, "final_check", lambda text: "LibCST: simulated refusal")
+    monkeypatch.setattr(engine_module, "final_check",
+                        lambda text, original=None: "LibCST: simulated refusal")
     engine = Engine(load_rulebook(), frozenset({"BN004"}))
     source = ("import tensorflow as tf\nnet = tf.layers.batch_normalization(x, training=t)\n"
               "ema = tf.train.ExponentialMovingAverage(0.9)\nop = ema.apply(tf.global_variables())\n")

@@ -129,7 +129,9 @@ def test_hostile_tree(tmp_path: Path):
     root = tmp_path / "tree"
     root.mkdir()
     expected = _hostile(root)
-    run = run_bnfix("check", "--no-cache", "--output-format", "concise", ".", cwd=root, timeout=600)
+    # big.py is 9.9 MiB: above the default max-file-size (2 MiB), so the cap is raised here
+    run = run_bnfix("check", "--no-cache", "--max-file-size", "16M", "--output-format", "concise",
+                    ".", cwd=root, timeout=600)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
     by_file: dict[str, list[str]] = {}
     for line in run.stdout.splitlines():
@@ -139,7 +141,8 @@ def test_hostile_tree(tmp_path: Path):
     assert set(by_file) == set(expected), by_file
     for name, what in expected.items():
         assert len(by_file[name]) == 1 and by_file[name][0].startswith(what), (name, by_file[name])
-    fix = run_bnfix("fix", "--unsafe-fixes", "--no-cache", ".", cwd=root, timeout=600)
+    fix = run_bnfix("fix", "--unsafe-fixes", "--no-cache", "--max-file-size", "16M", ".", cwd=root,
+                    timeout=600)
     assert "Traceback" not in fix.stderr
     assert (root / "bom.py").read_bytes().startswith(b"\xef\xbb\xbf")
     assert b"momentum=1 - 0.9)\r\n" in (root / "crlf.py").read_bytes()

@@ -84,6 +84,7 @@ class ProjectRunner:
         self.jobs = jobs
         self.max_bytes = max_bytes
         self.notes: list[str] = []
+        self.internal: list[tuple[str, str]] = []  # files not asked about that crashed: traceback
         self.store = SummaryStore()
         self._mentioned: set[str] = set()  # unparsable files that use first-party BN code
         self._pairs: set[tuple[str, str]] | None = None
@@ -233,8 +234,8 @@ class ProjectRunner:
     def _collect(self, results: Iterator[Summarised], by_path: dict[str, Plan]) -> None:
         for done in results:
             plan = by_path[done.path]
-            if done.note:
-                self.notes.append(done.note)
+            if done.internal is not None and not plan.reported:
+                self.internal.append((plan.shown, done.internal))
             stale = self.cache.get(done.path) if self.cache is not None else None
             if done.reused and stale is not None and done.stat is not None:
                 plan.entry = Entry(done.stat[0], done.stat[1], stale.digest, plan.context,
@@ -289,7 +290,11 @@ class ProjectRunner:
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
             if plan.done is not None and plan.done.note:
-                yield FileResult(plan.shown, notes=[plan.done.note], ignored=plan.ignored)
+                yield FileResult(plan.shown, notes=[f"{plan.shown}: {plan.done.note}"],
+                                 ignored=plan.ignored)
+                continue
+            if plan.done is not None and plan.done.internal is not None:
+                yield FileResult(plan.shown, ignored=plan.ignored, internal=plan.done.internal)
                 continue
             if plan.done is not None and plan.done.error is not None:
                 error = plan.done.error
@@ -325,6 +330,9 @@ class ProjectRunner:
         for result in self._workers(len(jobs)).run("check_file", jobs):
             plan, consulted = waiting[result.path]
             result.path = plan.shown
+            result.notes = [plan.shown + note[len(plan.absolute):]
+                            if note.startswith(plan.absolute + ":") else note
+                            for note in result.notes]  # as the user named the file
             for d in (*result.diagnostics, *result.fixed):
                 object.__setattr__(d, "path", plan.shown)
             yield self._store(plan, result, consulted)
@@ -354,7 +362,7 @@ class ProjectRunner:
         """Remember the findings (of the content step 2 read: a file edited between the two
         steps is not stored, so the next run sees the change)."""
         entry = plan.entry
-        if self.cache is None or entry is None or result.changed or \
+        if self.cache is None or entry is None or result.changed or result.internal or \
                 (result.digest is not None and result.digest != entry.digest):
             return result
         entry.findings = Cache.findings(plan.ignored, consulted, result.diagnostics)
@@ -383,7 +391,8 @@ def _code_names(text: str) -> set[str]:
 
 
 def _failed(plan: Plan) -> bool:
-    return plan.done is not None and (plan.done.error is not None or plan.done.note is not None)
+    return plan.done is not None and (plan.done.error is not None or plan.done.note is not None
+                                      or plan.done.internal is not None)
 
 
 def _worker(path: str, size: int) -> int:

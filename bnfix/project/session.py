@@ -23,6 +23,7 @@ import io
 import os
 import re
 import tokenize
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,10 @@ from bnfix.source.imports import ModuleContext
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
 
 EXPANSION_ROUNDS = 3
+# A module nested deeper than Python's recursion limit allows the analysis (an `elif` chain
+# of thousands of branches, an expression nested hundreds deep): one BN900, the run goes on.
+TOO_DEEP = SourceError("BN900", "cannot analyse: nested too deeply for bnfix (Python's recursion "
+                                "limit); simplify the nesting or exclude the file")
 CALLER_LEVELS = 4  # the view attaches callers and their callers (view.CALLER_DEPTH + 1)
 
 
@@ -69,6 +74,7 @@ class Summarised:
     relevant: bool  # mentions a rule's trigger words
     error: FileResult | None = None  # BN900/BN901 (reported if the file is asked about)
     note: str | None = None  # skipped, with why
+    internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
     stat: tuple[int, int] | None = None  # (mtime_ns, size) taken before the file was read
     reused: bool = False  # the content had the cached digest: the cached summary stands
 
@@ -109,15 +115,23 @@ class Worker:
 
     def summarise_file(self, path: str, module: ModuleRef, force: bool, keep: bool,
                        known: str | None) -> Summarised:
-        return self.summarise(path, module.module_id, module.import_name,
-                              module.context(self.first_party), force, keep, known)
+        try:
+            return self.summarise(path, module.module_id, module.import_name,
+                                  module.context(self.first_party), force, keep, known)
+        except Exception:  # noqa: BLE001 - a bnfix bug: reported for this file, the others go on
+            self.lifted.pop(path, None)
+            return Summarised(path, None, None, False, internal=traceback.format_exc())
 
     def check_file(self, path: str, module: ModuleRef | None, known: FileContext | None,
                    ignored: frozenset[str], fix: bool, unsafe: bool) -> FileResult:
         project = None
-        if module is not None:
-            project = FileProject(path, module.module_id, module.context(self.first_party), known)
-        return self.check(path, project, fix=fix, unsafe=unsafe, ignored=ignored, known=None)
+        try:
+            if module is not None:
+                project = FileProject(path, module.module_id, module.context(self.first_party),
+                                      known)
+            return self.check(path, project, fix=fix, unsafe=unsafe, ignored=ignored, known=None)
+        except Exception:  # noqa: BLE001 - a bnfix bug: reported for this file, the others go on
+            return FileResult(path, ignored=ignored, internal=traceback.format_exc())
 
     def summarise(self, path: str, module_id: str, import_name: str, context: ModuleContext,
                   force: bool, keep: bool, known: str | None = None) -> Summarised:
@@ -133,7 +147,7 @@ class Worker:
         try:
             data = self.read(path)
         except Skipped as exc:
-            return Summarised(path, None, None, False, note=f"{path}: {exc}")
+            return Summarised(path, None, None, False, note=str(exc))
         except SourceError as exc:
             return Summarised(path, None, None, False,
                               error=FileResult(path, self.engine._error(path, exc, frozenset())))
@@ -151,11 +165,12 @@ class Worker:
             return Summarised(path, digest, None, False, stat=before)
         try:
             lifted = self.engine.lift(decoded.text, path, context)
-        except SourceError as exc:
+            summary = self.engine.summarize(lifted, module_id, import_name, path)
+        except (SourceError, RecursionError) as exc:
+            error = exc if isinstance(exc, SourceError) else TOO_DEEP
             return Summarised(path, digest, None, relevant, stat=before,
-                              error=FileResult(path, self.engine._error(path, exc, frozenset()),
+                              error=FileResult(path, self.engine._error(path, error, frozenset()),
                                                digest=digest))
-        summary = self.engine.summarize(lifted, module_id, import_name, path)
         summary.digest  # noqa: B018  (computed here, in the worker; it travels with the summary)
         if keep:
             self.lifted[path] = (digest, decoded.encoding, lifted)
@@ -191,11 +206,15 @@ class Worker:
             return FileResult(path, self.engine._error(path, exc, ignored), digest=digest,
                               ignored=ignored)
         lifted = kept[2] if kept is not None and kept[0] == digest else None
-        if fix:
-            result = self.engine.fix_text(decoded.text, path, unsafe, ignored, project, lifted)
-        else:
-            result = FileResult(path, self.engine.diagnose(decoded.text, path, ignored, project,
-                                                           lifted))
+        try:
+            if fix:
+                result = self.engine.fix_text(decoded.text, path, unsafe, ignored, project, lifted)
+            else:
+                result = FileResult(path, self.engine.diagnose(decoded.text, path, ignored,
+                                                               project, lifted))
+        except RecursionError:
+            return FileResult(path, self.engine._error(path, TOO_DEEP, ignored), digest=digest,
+                              ignored=ignored)
         result.encoding = decoded.encoding
         result.digest = digest
         result.ignored = ignored

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bnfix.checks import ENGINE_CODES
-from bnfix.engine import Diagnostic, write_atomic
+from bnfix.engine import Diagnostic
+from bnfix.fixes import NotWritten, Writer, digest
 from bnfix.source.reader import Skipped, SourceError, decode, read_source
 
 # The same directive bnfix's suppressions read (bnfix.source.noqa): `# noqa` alone silences
@@ -68,9 +69,11 @@ def add_noqa(diagnostics: Iterable[Diagnostic], max_bytes: int) -> NoqaOutcome:
         if d.code not in ENGINE_CODES:  # a file that does not parse cannot carry a directive
             by_file[d.path].append(d)
     outcome = NoqaOutcome()
+    writer = Writer()
     for path, found in sorted(by_file.items()):
         try:
-            decoded = decode(read_source(path, max_bytes))
+            data = read_source(path, max_bytes)
+            decoded = decode(data)
             lines = io.StringIO(decoded.text, newline="").readlines()
             rows = _comment_rows(lines)
         except (SourceError, Skipped, tokenize.TokenError, SyntaxError) as exc:
@@ -92,9 +95,9 @@ def add_noqa(diagnostics: Iterable[Diagnostic], max_bytes: int) -> NoqaOutcome:
             lines[row - 1] = line
         if not added:
             continue
-        try:
-            write_atomic(Path(path), "".join(lines), decoded.encoding)
-        except (OSError, UnicodeEncodeError) as exc:
+        try:  # only over what was read: an edit saved meanwhile is never overwritten
+            writer.write(Path(path), "".join(lines), decoded.encoding, digest(data))
+        except (NotWritten, OSError, UnicodeEncodeError) as exc:
             outcome.notes.append(f"{path}: cannot write the noqa directives ({exc}); it is "
                                  "unchanged")
             continue

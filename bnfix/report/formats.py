@@ -38,11 +38,14 @@ def _full(d: Diagnostic, unsafe: bool) -> str:
         width = len(str(d.snippet[-1][0]))
         pad = " " * width
         lines.append(f"{pad} |")
-        for row, text in d.snippet:
+        for i, (row, text) in enumerate(d.snippet):
             lines.append(f"{row:>{width}} | {text}")
             if d.span.start.row <= row <= d.span.end.row:
-                start = d.span.start.col if row == d.span.start.row else len(text) - len(text.lstrip())
-                end = d.span.end.col if row == d.span.end.row else len(text)
+                shift = d.snippet_shift[i] if i < len(d.snippet_shift) else 0
+                start = d.span.start.col - shift if row == d.span.start.row else \
+                    len(text) - len(text.lstrip())
+                end = d.span.end.col - shift if row == d.span.end.row else len(text)
+                start, end = max(0, min(start, len(text))), max(0, min(end, len(text)))
                 if end > start:
                     lines.append(f"{pad} | {' ' * start}{'^' * (end - start)}")
         lines.append(f"{pad} |")

@@ -21,6 +21,7 @@ class SourceText:
         starts = [0]
         starts.extend(m.end() for m in _NEWLINE.finditer(text))
         self._starts = starts
+        self._wide_maps: dict[int, tuple[list[int], list[int]]] = {}
 
     @property
     def row_count(self) -> int:
@@ -59,8 +60,25 @@ class SourceText:
         """An `ast` position (1-based line, UTF-8 byte column) as a character position."""
         if lineno not in self._wide_rows:
             return Pos(lineno, byte_col)
-        line = self.line(lineno)
-        return Pos(lineno, len(line.encode("utf-8")[:byte_col].decode("utf-8", "replace")))
+        starts, extras = self._wide_map(lineno)
+        before = bisect.bisect_left(starts, byte_col)  # wide characters before the column
+        return Pos(lineno, byte_col - (extras[before - 1] if before else 0))
+
+    def _wide_map(self, row: int) -> tuple[list[int], list[int]]:
+        """For a row with non-ASCII characters: the byte column of each, and the bytes beyond
+        one per character up to and including it (built once per row: a position costs a
+        bisection, not a re-encoding of a row that may be megabytes long)."""
+        found = self._wide_maps.get(row)
+        if found is None:
+            starts: list[int] = []
+            extras: list[int] = []
+            extra = 0
+            for match in _WIDE.finditer(self.line(row)):
+                starts.append(match.start() + extra)
+                extra += len(match.group().encode("utf-8")) - 1
+                extras.append(extra)
+            found = self._wide_maps[row] = (starts, extras)
+        return found
 
     def span(self, node: object) -> Span:
         """The span of an `ast` node that has start and end positions."""

@@ -263,13 +263,7 @@ class Walker:
                 self._expr(stmt.value, ctx, stmt)
                 self.returns[fkey(ctx.function)].append(stmt.value)
         elif isinstance(stmt, ast.If):
-            self.block_owner[id(stmt.body)] = stmt
-            self._expr(stmt.test, ctx, stmt)
-            guard = _guard(stmt.test)
-            guards = (*ctx.guards, guard) if guard is not None else ctx.guards
-            self._body(stmt.body, replace(ctx, guards=guards,
-                                          conditions=(*ctx.conditions, (False, stmt.test))))
-            self._body(stmt.orelse, replace(ctx, conditions=(*ctx.conditions, (True, stmt.test))))
+            self._if(stmt, ctx)
         else:
             for name, value in ast.iter_fields(stmt):
                 if isinstance(value, list):
@@ -291,6 +285,25 @@ class Walker:
                                 self._body(item.body, ctx)
                 elif isinstance(value, ast.expr):
                     self._expr(value, ctx, stmt)
+
+    def _if(self, stmt: ast.If, ctx: Ctx) -> None:
+        """An `if` and its `elif` chain, walked in a loop: a chain of hundreds of branches is
+        hundreds of nested `If` nodes, which a recursive walk would not survive."""
+        while True:
+            self.block_owner[id(stmt.body)] = stmt
+            self._expr(stmt.test, ctx, stmt)
+            guard = _guard(stmt.test)
+            guards = (*ctx.guards, guard) if guard is not None else ctx.guards
+            self._body(stmt.body, replace(ctx, guards=guards,
+                                          conditions=(*ctx.conditions, (False, stmt.test))))
+            ctx = replace(ctx, conditions=(*ctx.conditions, (True, stmt.test)))
+            orelse = stmt.orelse
+            if len(orelse) != 1 or not isinstance(orelse[0], ast.If):
+                self._body(orelse, ctx)
+                return
+            self.blocks[id(orelse)] = orelse  # what _body records for the `elif` ...
+            self.block_of[id(orelse[0])] = id(orelse)
+            stmt = orelse[0]  # ... which is walked by the next turn of the loop
 
     def _bind_target(self, target: ast.expr, value: ast.expr, stmt: ast.stmt, ctx: Ctx,
                      kind: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import bisect
 import itertools
+import re
 from dataclasses import dataclass, field, replace
 
 from bnfix.ir import (
@@ -177,16 +178,28 @@ def parse_error(source: str) -> str | None:
     return None
 
 
-def final_check(source: str) -> str | None:
+def final_check(source: str, original: str | None = None) -> str | None:
     """Why LibCST would not accept the final fixed text: it must parse it and reproduce it byte
-    for byte (checked once per file, after the last pass)."""
+    for byte (checked once per file, after the last pass). With `original`, only the top-level
+    statements the fixes changed are given to LibCST — the rest is byte for byte what the file
+    held — so a fix in a 2 MB file costs a LibCST parse of the statement it touches, not of
+    2 MB (LibCST builds ~5 Python objects per token: minutes and gigabytes at that size).
+    Bare CR line endings are read as LF for the check: LibCST does not reproduce them, CPython
+    (which accepted the text) does, and the line-ending style is not what is checked."""
+    chunk = source if original is None else changed_statements(original, source)
+    if not chunk:
+        return None
+    chunk = _BARE_CR.sub("\n", chunk)
     import libcst  # imported only when a fix is applied: it costs ~0.3 s to import
 
     try:
-        module = libcst.parse_module(source)
+        module = libcst.parse_module(chunk)
+        code = module.code
     except libcst.ParserSyntaxError as exc:
         return f"LibCST: {exc.message} (line {exc.raw_line})"
-    if module.code != source:
+    except RecursionError:
+        return "LibCST: nested too deeply for its parser"
+    if code != chunk:
         return "LibCST does not round-trip the result"
     return None
 
@@ -201,6 +214,35 @@ def buildable(fix: Fix) -> Fix:
     if not any(_overlaps(a, b) for a, b in itertools.combinations(edits, 2)):
         return fix
     return Fix(Applicability.DISPLAY_ONLY, f"{fix.message} ({UNBUILDABLE})", ())
+
+
+_BARE_CR = re.compile(r"\r(?!\n)")
+
+
+def changed_statements(original: str, source: str) -> str:
+    """The rows of `source` that hold the top-level statements differing from `original`
+    (with the rows between them): "" when nothing differs."""
+    old, new = SourceText(original), SourceText(source)
+    old_rows = [old.line_with_ending(r) for r in range(1, old.row_count + 1)]
+    new_rows = [new.line_with_ending(r) for r in range(1, new.row_count + 1)]
+    if old_rows == new_rows:
+        return ""
+    same = min(len(old_rows), len(new_rows))
+    head = next((i for i in range(same) if old_rows[i] != new_rows[i]), same)
+    tail = 0
+    while tail < same - head and old_rows[-1 - tail] == new_rows[-1 - tail]:
+        tail += 1
+    first, last = head + 1, max(head + 1, len(new_rows) - tail)  # rows (1-based) that changed
+    spans = [(min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", ()))]),
+              s.end_lineno or s.lineno) for s in ast.parse(source).body]
+    grown = True
+    while grown:  # statements can share a row (`a = f(\n); b = 1`): grow until none is cut
+        grown = False
+        for start, end in spans:
+            if start <= last and end >= first and (start < first or end > last):
+                first, last, grown = min(first, start), max(last, end), True
+    last = min(last, len(new_rows))
+    return "".join(new_rows[first - 1:last])
 
 
 def apply_fixes(text: SourceText, fixes: list[Fix]) -> Applied:
