@@ -5,7 +5,13 @@ Devices first: N logical CPU devices (or the GPUs; one GPU split into N logical 
 are fewer than N), set before anything initialises TensorFlow. Then three copies of the model
 with the same weights: the reference (plain BN, one device, the global batch), the converted
 one (`bnfix.keras.convert_sync`, synchronized=True) and the unconverted one under
-MirroredStrategy (MultiWorkerMirroredStrategy under TF_CONFIG). Each replica's loss is
+MirroredStrategy (MultiWorkerMirroredStrategy under TF_CONFIG). Each copy is a new call of the
+factory, so its auto-named layers have new names: its layers are matched to the first build's
+by position, class and weight shapes, and every copy is built and matched before any training.
+The reference trains twice, the second time on the global batch in reverse order: the
+difference is the rounding noise of this model in this dtype, which the verdict uses to tell
+an ill-conditioned model's fp32 rounding from a sync bug (`Validation.noise`).
+Each replica's loss is
 `tf.nn.compute_average_loss(per_example, global_batch_size=GB)` (its share of the mean over the
 global batch) and the optimizer SUM-reduces the gradients, so the applied gradient is the
 global batch's. Values leave the replicas through `strategy.gather` (all workers' replicas, in
@@ -14,6 +20,7 @@ replica order); the recorded parameter gradients are the per-replica ones summed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -100,9 +107,41 @@ def model_maker(job: dict[str, Any], keras: Any) -> Callable[[], Any]:
     return build
 
 
-def variable_keys(model: Any) -> dict[int, Key]:
-    """(layer path, variable name) of every variable, by id; a shared layer under its first
-    path."""
+def layout(model: Any) -> list[tuple[str, str, tuple[tuple[int, ...], ...]]]:
+    """(path, class, weight shapes) of every sublayer, in Keras' tracking order."""
+    from bnfix.keras.convert import layer_paths
+
+    return [(path, type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights))
+            for path, layer in layer_paths(model).items()]
+
+
+def canonical_names(model: Any, base: list[tuple[str, str, tuple[tuple[int, ...], ...]]],
+                    what: str) -> dict[str, str]:
+    """This model's layer paths -> the first build's (`base`), matched by position.
+
+    The factory is called once per run (reference, synced, unsynced) in one process, and Keras
+    numbers auto-named layers per process (`conv2d`, then `conv2d_1`, ...; a nested model's name
+    too): the same layer has another name in every build. Matched by position, class and
+    weight shapes; a build that differs is an error before anything trains."""
+    mine = layout(model)
+    for index, ((path, cls, shapes), (base_path, base_cls, base_shapes)) in enumerate(
+            zip(mine, base)):
+        if (cls, shapes) != (base_cls, base_shapes):
+            raise ValidateUsageError(
+                f"the {what} model differs from the first one the factory built: layer "
+                f"{index + 1} is {path} ({cls}, weights {list(shapes)}) where the first had "
+                f"{base_path} ({base_cls}, weights {list(base_shapes)}); the factory must build "
+                "the same architecture on every call")
+    if len(mine) != len(base):
+        raise ValidateUsageError(f"the {what} model has {len(mine)} layers, the first build "
+                                 f"{len(base)}: the factory must build the same architecture "
+                                 "on every call")
+    return {path: base_path for (path, _, _), (base_path, _, _) in zip(mine, base)}
+
+
+def variable_keys(model: Any, names: dict[str, str]) -> dict[int, Key]:
+    """(layer path, variable name) of every variable, by id, under the first build's paths
+    (`names`); a shared layer under its first path."""
     from bnfix.keras.convert import layer_paths
 
     keys: dict[int, Key] = {}
@@ -110,7 +149,7 @@ def variable_keys(model: Any) -> dict[int, Key]:
         if layer._flatten_layers(include_self=False, recursive=False):
             continue  # a container: its leaves hold the variables
         for variable in layer.weights:
-            keys.setdefault(id(variable), (path, variable.name))
+            keys.setdefault(id(variable), (names[path], variable.name))
     return keys
 
 
@@ -184,11 +223,15 @@ class KerasRun:
         return strategy.experimental_distribute_values_from_function(
             lambda ctx: self.tf.constant(values[parts[ctx.replica_id_in_sync_group]]))
 
-    def train(self, model: Any, strategy: Any | None) -> Trace:
-        """K steps; `strategy` None is the reference (one device, the whole batch)."""
+    def train(self, model: Any, strategy: Any | None, names: dict[str, str],
+              reverse: bool = False) -> Trace:
+        """K steps; `strategy` None is the reference (one device, the whole batch). `names`:
+        the model's layer paths -> the first build's. `reverse` feeds the reference the global
+        batch in reverse order (outputs and input gradients put back in order): equal in exact
+        arithmetic, so its difference from the reference is rounding alone."""
         tf, keras = self.tf, self.keras
         optimizer = keras.optimizers.SGD(self.job["lr"])
-        keys = variable_keys(model)
+        keys = variable_keys(model, names)
         moving = [v for v in model.non_trainable_variables if id(v) in keys]
         if strategy is not None:
             with strategy.scope():
@@ -202,7 +245,10 @@ class KerasRun:
         for step in range(self.job["steps"]):
             x, y = self.x(step), self.y(step)
             if strategy is None:
-                out, loss, x_grad, grads, stats = step_fn(tf.constant(x), tf.constant(y))
+                order = slice(None, None, -1 if reverse else 1)
+                out, loss, x_grad, grads, stats = step_fn(tf.constant(x[order]),
+                                                          tf.constant(y[order]))
+                out, x_grad = out[order], x_grad[order]
                 grads = [g.numpy() for g in grads]
                 stats = [s.numpy() for s in stats]
             else:
@@ -223,17 +269,28 @@ class KerasRun:
         return trace
 
 
-def _fidelity(reference: Any, x: Any, kinds: dict[str, str]) -> tuple[Fidelity, ...]:
-    from bnfix.keras import convert_sync, revert_sync
+def _fidelity(reference: Any, x: Any, kinds: dict[str, str],
+              names: dict[str, str]) -> tuple[Fidelity, ...]:
+    from bnfix.keras import ConversionReport, convert_sync, revert_sync
     from bnfix.keras.convert import layer_paths
 
     want = reference(x, training=False).numpy()
-    synced, to_sync = convert_sync(reference)
-    refused = tuple(Refusal(r.path, kinds.get(r.path, ""), r.reason) for r in to_sync.refused)
+    to_sync = ConversionReport()
+    synced = convert_sync(reference, report=to_sync)
+    refused = tuple(Refusal(names.get(r.path, r.path), kinds.get(names.get(r.path, r.path), ""),
+                            r.reason) for r in to_sync.refused)
+    problem = ""
+    if to_sync.refused_everything:
+        problem = (f"refused every BN layer that needed converting ({len(to_sync.refused)}): "
+                   "nothing is synchronized")
+    elif to_sync.refused:
+        problem = (f"refused {len(to_sync.refused)} of {to_sync.bn_layers} BN layers: their "
+                   "statistics stay per replica")
     results = [Fidelity("convert_sync", *output_error(synced(x, training=False).numpy(), want),
                         len(to_sync.converted), refused,
-                        "in place" if to_sync.in_place else "a clone, weights copied")]
-    plain, back = revert_sync(synced)
+                        "in place" if to_sync.in_place else "a clone, weights copied", problem)]
+    back = ConversionReport()
+    plain = revert_sync(synced, report=back)
     still = [p for p, layer in layer_paths(plain).items() if getattr(layer, "synchronized", False)]
     results.append(Fidelity("revert_sync", *output_error(plain(x, training=False).numpy(), want),
                             len(back.converted), (), "synchronized=False everywhere again",
@@ -274,34 +331,42 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
     if job["input_shape"][0] < replicas:
         raise ValidateUsageError(f"a global batch of {job['input_shape'][0]} cannot give each "
                                  f"of {replicas} replicas a sample")
-    phase("building the model")
+    phase("building the models")
     make = model_maker(job, keras)
     runner = KerasRun(job, tf, keras, replicas)
     base = make()
     runner.check_output(base, job["factory"])
     weights = base.get_weights()
     kinds = layer_kinds(base)
+    shape = layout(base)
 
-    def copy_in_scope() -> Any:
-        with strategy.scope():
+    def build(what: str, in_scope: bool) -> tuple[Any, dict[str, str]]:
+        """Another build with the first one's weights, its layers matched to the first's."""
+        with strategy.scope() if in_scope else contextlib.nullcontext():
             model = make()
-            runner.check_output(model, job["factory"])
+            runner.check_output(model, job["factory"])  # builds a subclassed model's weights
+            names = canonical_names(model, shape, what)
             model.set_weights(weights)
-        return model
+        return model, names
 
-    phase("reference run (plain BN, one device, global batch)")
-    reference = make()
-    runner.check_output(reference, job["factory"])
-    reference.set_weights(weights)
-    ref = runner.train(reference, None)
-    phase(f"synced run on {replicas} replicas")
+    # every build made and matched before anything trains: a mismatch fails in seconds
+    reference, ref_names = build("reference", False)
+    to_sync, sync_names = build("synced", True)
     with strategy.scope():
-        synced, _ = convert_sync(copy_in_scope())
-    synced_trace = runner.train(synced, strategy)
+        synced = convert_sync(to_sync)
+    unsynced, unsync_names = build("unsynced", True)
+    phase("reference run (plain BN, one device, global batch)")
+    ref = runner.train(reference, None, ref_names)
+    phase("rounding-noise run (the reference on the reversed global batch)")
+    reference.set_weights(weights)
+    noise_trace = runner.train(reference, None, ref_names, reverse=True)
+    phase(f"synced run on {replicas} replicas")
+    synced_trace = runner.train(synced, strategy, sync_names)
     phase(f"unsynced run on {replicas} replicas")
-    unsynced_trace = runner.train(copy_in_scope(), strategy)
+    unsynced_trace = runner.train(unsynced, strategy, unsync_names)
     phase("conversion fidelity (eval mode)")
-    fidelity = _fidelity(reference, runner.x(0), kinds)
+    reference.set_weights(weights)
+    fidelity = _fidelity(reference, runner.x(0), kinds, ref_names)
     phase("comparing")
     seconds = {name: round(end - begin, 2)
                for (name, begin), (_, end) in pairwise(started)}
@@ -313,7 +378,8 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
                         "replica, gradients SUM-reduced by the optimizer"}
     validation = Validation("keras", job["factory"], settings, job["tolerance"], fidelity,
                             compare("synced", ref, synced_trace, kinds),
-                            compare("unsynced", ref, unsynced_trace, kinds), seconds)
+                            compare("unsynced", ref, unsynced_trace, kinds), seconds,
+                            compare("noise", ref, noise_trace, kinds))
     if task is not None and not task[0]:
         return {"reporting": False, "exit_code": 0 if validation.passed else 1}
     return validation.to_json()
