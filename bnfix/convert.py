@@ -78,8 +78,13 @@ def check_output(output: str) -> None:
         raise OutputError(f"the folder {folder} does not exist")
     if path.exists() and not path.is_file():
         raise OutputError("exists and is not a regular file")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write into {folder} (permission denied)")
+    try:  # a real probe: permissions, read-only file systems, /proc
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe",
+                                     dir=folder.resolve())
+    except OSError as exc:
+        raise OutputError(f"cannot write into {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _new_file_mode() -> int:

@@ -2,18 +2,17 @@
 
 Nothing is written unless the rewritten model passes `onnx.checker` and matches its reference
 under onnxruntime (see `bnfix.onnx.verify` for what each target is compared with); the output
-is written atomically (a temporary file in the output's folder, then `os.replace`).
+is written atomically (`bnfix.convert.atomic_output`: a temporary file in the output's folder,
+then `os.replace`; the umask's mode for a new file, the replaced file's own mode otherwise).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from bnfix.artifacts.model import ArtifactError
-from bnfix.convert import ConversionError
+from bnfix.convert import ConversionError, atomic_output
 from bnfix.onnx import fold, inference, verify
 from bnfix.onnx.external_data import load_model
 from bnfix.onnx.graph import GraphView, node_label
@@ -62,18 +61,10 @@ def _to_folded(model: Any, original: Any) -> tuple[list[str], Any]:
 
 
 def _write_atomically(model: Any, output: str) -> None:
-    target = Path(output)
-    folder = target.resolve().parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(output) as temporary, temporary.open("wb") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def convert_onnx_file(path: str, to: str, output: str, *, tolerance: float | None = None,

@@ -26,6 +26,10 @@ TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 # batch reordered, equal in exact arithmetic), a layer may also be off by this many times the
 # noise of that layer: an ill-conditioned model amplifies rounding past the fixed tolerance.
 NOISE_FACTOR = 10.0
+# When rounding alone moves the model's output or loss this far (relative), the training runs
+# are chaotic at these settings (too large a learning rate for the model): no comparison of
+# them means anything, and the verdict is "inconclusive".
+NOISE_CEILING = 0.1
 # A failing layer whose synced error is at least this fraction of its unsynced error: the sync
 # did not close the gap (a sync bug, a refused layer), not rounding.
 SYNC_BUG_FRACTION = 0.1
@@ -130,6 +134,25 @@ class Validation:
         noise = {row.layer: row.max_rel for row in self.noise.layers}.get(layer, 0.0)
         return max(self.tolerance, NOISE_FACTOR * noise)
 
+    @property
+    def inconclusive(self) -> str:
+        """Why the runs cannot tell a sync bug from rounding ('' when they can): rounding alone
+        moves the output or loss past NOISE_CEILING, or the unsynced run is itself within every
+        layer's allowance (the comparison would pass without sync)."""
+        if self.noise is None:
+            return ""
+        model = {row.layer: row.max_rel for row in self.noise.layers
+                 if row.layer in ("(output)", "(loss)")}
+        worst = max(model.values(), default=0.0)
+        if worst > NOISE_CEILING:
+            return (f"rounding alone (the reference trained again on the reordered batch) moves "
+                    f"the model's output or loss by {worst:.1e}: the runs are chaotic at these "
+                    "settings")
+        if not any(row.max_rel > self.allowed(row.layer) for row in self.unsynced.layers):
+            return ("the unsynced run is within the allowance too: at these settings rounding "
+                    "hides the gap that sync closes")
+        return ""
+
     def cause(self, layer: LayerError) -> str:
         """Why a synced layer is out of tolerance: "sync" when it is about as far from the
         global batch as without sync, else "numerics"."""
@@ -148,6 +171,8 @@ class Validation:
         found = [f"conversion {f.name}: max rel error {f.max_rel:.1e}" for f in self.fidelity
                  if not f.max_rel <= self.tolerance]
         found += [f"conversion {f.name}: {f.problem}" for f in self.fidelity if f.problem]
+        if self.inconclusive:
+            found.append(f"inconclusive: {self.inconclusive}")
         found += [f"synced training, {layer.layer}: max rel error {layer.max_rel:.1e} "
                   f"({self.cause(layer)})"
                   for layer in self.synced.layers if not layer.max_rel <= self.allowed(layer.layer)]
@@ -166,7 +191,9 @@ class Validation:
         if self.noise is not None:
             data["noise"]["max_rel"] = self.noise.max_rel
             data["noise_factor"] = NOISE_FACTOR
+            data["noise_ceiling"] = NOISE_CEILING
             data["within_noise"] = self.within_noise
+            data["inconclusive"] = self.inconclusive
         return data
 
     @classmethod

@@ -104,6 +104,9 @@ def verdict(v: Validation) -> str:
                     f", each within {NOISE_FACTOR:g}x its measured rounding)")
         return "PASS: every comparison within tolerance"
     refused_all = [f for f in v.fidelity if f.refused and not f.converted]
+    if v.inconclusive:
+        return (f"FAIL: inconclusive in {v.settings['dtype']}: {v.inconclusive}; rerun with "
+                "--dtype float64, a smaller --lr or fewer --steps")
     if refused_all:
         return (f"FAIL: the conversion refused every BN layer ({len(refused_all[0].refused)} "
                 "refused, 0 converted): nothing was synchronized")
