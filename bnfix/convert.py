@@ -51,6 +51,7 @@ def convert_file(model: str, to: str, output: str, max_bytes: int | None = None)
         with limited(max_bytes or DEFAULT_MAX_BYTES), \
                 silenced_stderr(expected=(OutputError, ConversionError, ModuleNotFoundError)):
             if suffix == ".keras":
+                _check_keras_archive(model)  # before Keras (seconds to import) reads it
                 from bnfix.keras.files import convert_keras_file
 
                 summary = convert_keras_file(model, to, output)
@@ -66,6 +67,20 @@ def convert_file(model: str, to: str, output: str, max_bytes: int | None = None)
         return 1
     sys.stdout.write(summary if summary.endswith("\n") else summary + "\n")
     return 0
+
+
+def _check_keras_archive(model: str) -> None:
+    import zipfile
+
+    from bnfix.artifacts.keras_file import check_archive
+    from bnfix.artifacts.model import ArtifactError
+
+    if not zipfile.is_zipfile(model):
+        return  # Keras' loader says what it is
+    try:
+        check_archive(model)
+    except ArtifactError as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def check_output(output: str) -> None:

@@ -19,6 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first
 import keras
 import numpy as np
 
+from bnfix.artifacts.keras_file import check_archive
+from bnfix.artifacts.model import ArtifactError
 from bnfix.convert import ConversionError, atomic_output
 from bnfix.keras.convert import ConversionRefused, convert_sync, layer_paths, revert_sync
 from bnfix.keras.report import ConversionReport
@@ -57,29 +59,16 @@ def _load(path: str) -> keras.Model:
     if not zipfile.is_zipfile(path):
         raise ConversionError("not a .keras file (a .keras model is a zip archive): corrupt or "
                               "another format")
-    _check_members(path)
+    try:
+        check_archive(path)
+    except ArtifactError as exc:
+        raise ConversionError(str(exc)) from None
     try:
         return keras.saving.load_model(path, compile=True, safe_mode=True)
     except Exception as exc:  # whatever the file makes Keras raise: one line for the user
         detail = str(exc).strip().splitlines()
         raise ConversionError(f"cannot load the Keras model: {type(exc).__name__}: "
                               f"{detail[0] if detail else 'no detail'}") from exc
-
-
-def _check_members(path: str) -> None:
-    """Keras reads whole members into memory: one that declares more than the budget (a forged
-    3 GB config deflated into 3 MB) is refused before Keras opens the file. Stored members are
-    bounded by the file itself."""
-    from bnfix.artifacts.limits import check
-    from bnfix.artifacts.model import ArtifactError
-
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            try:
-                if info.compress_type != zipfile.ZIP_STORED or info.filename.endswith(".json"):
-                    check(f"`{info.filename}` in the archive", info.file_size)
-            except ArtifactError as exc:
-                raise ConversionError(str(exc)) from None
 
 
 def _write_checked(model: keras.Model, report: ConversionReport, reference: keras.Model,
