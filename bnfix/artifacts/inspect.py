@@ -185,6 +185,12 @@ def inspect_command(paths: Sequence[str], *, output_format: str = "full",
             raise InspectUsageError(f"--max-tensor-bytes must be positive, not {max_tensor_bytes}")
         settings = project_settings(paths, config)
         enabled_codes(book, select, ignore, settings)
+        for pattern, codes in settings.per_file_ignores.items():
+            try:
+                book.expand(codes, target=None)
+            except RuleBookError as exc:
+                raise InspectUsageError(f"{settings.source}: per-file-ignores `{pattern}`: "
+                                        f"{exc}") from None
     except (InspectUsageError, RuleBookError, ConfigError) as exc:
         err.write(f"bnfix: {exc}\n")
         return 2
