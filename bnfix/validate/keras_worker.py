@@ -14,8 +14,10 @@ an ill-conditioned model's fp32 rounding from a sync bug (`Validation.noise`).
 Each replica's loss is
 `tf.nn.compute_average_loss(per_example, global_batch_size=GB)` (its share of the mean over the
 global batch) and the optimizer SUM-reduces the gradients, so the applied gradient is the
-global batch's. Values leave the replicas through `strategy.gather` (all workers' replicas, in
-replica order); the recorded parameter gradients are the per-replica ones summed.
+global batch's. Values leave the replicas in replica order: this process's replicas directly
+(`experimental_local_results`), all workers' through `strategy.gather` under TF_CONFIG (one
+gather per value and step retraces a function each time: minutes on a real model); the
+recorded parameter gradients are the per-replica ones summed.
 """
 
 from __future__ import annotations
@@ -223,6 +225,16 @@ class KerasRun:
         return strategy.experimental_distribute_values_from_function(
             lambda ctx: self.tf.constant(values[parts[ctx.replica_id_in_sync_group]]))
 
+    @staticmethod
+    def _collect(strategy: Any, value: Any) -> Any:
+        """Every replica's part of a per-replica value, concatenated in replica order."""
+        import numpy as np
+
+        if strategy.extended._in_multi_worker_mode():
+            return strategy.gather(value, axis=0).numpy()
+        return np.concatenate([np.asarray(part) for part in
+                               strategy.experimental_local_results(value)], axis=0)
+
     def train(self, model: Any, strategy: Any | None, names: dict[str, str],
               reverse: bool = False) -> Trace:
         """K steps; `strategy` None is the reference (one device, the whole batch). `names`:
@@ -248,18 +260,17 @@ class KerasRun:
                 order = slice(None, None, -1 if reverse else 1)
                 out, loss, x_grad, grads, stats = step_fn(tf.constant(x[order]),
                                                           tf.constant(y[order]))
-                out, x_grad = out[order], x_grad[order]
+                out, loss, x_grad = out.numpy()[order], loss.numpy(), x_grad.numpy()[order]
                 grads = [g.numpy() for g in grads]
                 stats = [s.numpy() for s in stats]
             else:
                 dx, dy = (self._distribute(strategy, values) for values in (x, y))
                 out, loss, x_grad, grads, stats = step_fn(dx, dy)
-                out, loss, x_grad = (strategy.gather(v, axis=0) for v in (out, loss, x_grad))
-                grads = [strategy.gather(g, axis=0).numpy() for g in grads]
-                stats = [strategy.gather(s, axis=0).numpy() for s in stats]
-            values: dict[Key, Any] = {(MODEL, "output"): out.numpy(),
-                                      (MODEL, "loss"): loss.numpy().sum(),
-                                      (MODEL, "input_grad"): x_grad.numpy()}
+                out, loss, x_grad = (self._collect(strategy, v) for v in (out, loss, x_grad))
+                grads = [self._collect(strategy, g) for g in grads]
+                stats = [self._collect(strategy, s) for s in stats]
+            values: dict[Key, Any] = {(MODEL, "output"): out, (MODEL, "loss"): loss.sum(),
+                                      (MODEL, "input_grad"): x_grad}
             for key, grad in zip(grad_keys, grads, strict=True):
                 values[key] = grad.sum(0)
             trace.steps.append(values)
