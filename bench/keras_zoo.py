@@ -90,7 +90,8 @@ def run_one(name: str, dtype: str, args: argparse.Namespace, out: Path) -> dict:
             "convert_abs": fidelity["convert_sync"]["max_abs"],
             "revert_abs": fidelity["revert_sync"]["max_abs"],
             "synced": data["synced"]["max_rel"],
-            "noise": (data.get("noise") or {}).get("max_rel", float("nan")),
+            "noise": max((row["max_rel"] for row in (data.get("noise") or {}).get("layers", [])),
+                         default=float("nan")),
             "unsynced": data["unsynced"]["max_rel"],
             "within_noise": len(data.get("within_noise", [])),
             "summary": data["summary"]}

@@ -22,17 +22,6 @@ import numpy as np
 # Max relative error allowed, by dtype: a few ulps grown over K steps of a deep model
 # (fp32 runs measure 1e-7..1e-5; fp64 1e-15..1e-12).
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
-# With a measured rounding noise (`Validation.noise`: the reference run again with the global
-# batch reordered, equal in exact arithmetic), a layer may also be off by this many times the
-# noise of that layer: an ill-conditioned model amplifies rounding past the fixed tolerance.
-NOISE_FACTOR = 10.0
-# When rounding alone moves the model's output or loss this far (relative), the training runs
-# are chaotic at these settings (too large a learning rate for the model): no comparison of
-# them means anything, and the verdict is "inconclusive".
-NOISE_CEILING = 0.1
-# A failing layer whose synced error is at least this fraction of its unsynced error: the sync
-# did not close the gap (a sync bug, a refused layer), not rounding.
-SYNC_BUG_FRACTION = 0.1
 MODEL = ""  # the layer name of model-level quantities (output, loss, input gradient)
 _FLOOR = 1e-6
 _TINY = 1e-300
@@ -123,47 +112,12 @@ class Validation:
     synced: RunComparison
     unsynced: RunComparison
     seconds: dict[str, float]
-    # the reference against itself on a reordered global batch (None: not measured)
+    # Measured rounding noise, when a runner provides it (see bnfix.validate.rounding): runs
+    # equal to the reference in exact arithmetic, every run on step 1 alone, and the synced
+    # run against the reference again in float64 when float32 differed by more than rounding.
     noise: RunComparison | None = None
-
-    def allowed(self, layer: str) -> float:
-        """The error a synced layer may have: the tolerance, or NOISE_FACTOR times the rounding
-        noise measured on that layer when that is larger."""
-        if self.noise is None:
-            return self.tolerance
-        noise = {row.layer: row.max_rel for row in self.noise.layers}.get(layer, 0.0)
-        return max(self.tolerance, NOISE_FACTOR * noise)
-
-    @property
-    def inconclusive(self) -> str:
-        """Why the runs cannot tell a sync bug from rounding ('' when they can): rounding alone
-        moves the output or loss past NOISE_CEILING, or the unsynced run is itself within every
-        layer's allowance (the comparison would pass without sync)."""
-        if self.noise is None:
-            return ""
-        model = {row.layer: row.max_rel for row in self.noise.layers
-                 if row.layer in ("(output)", "(loss)")}
-        worst = max(model.values(), default=0.0)
-        if worst > NOISE_CEILING:
-            return (f"rounding alone (the reference trained again on the reordered batch) moves "
-                    f"the model's output or loss by {worst:.1e}: the runs are chaotic at these "
-                    "settings")
-        if not any(row.max_rel > self.allowed(row.layer) for row in self.unsynced.layers):
-            return ("the unsynced run is within the allowance too: at these settings rounding "
-                    "hides the gap that sync closes")
-        return ""
-
-    def cause(self, layer: LayerError) -> str:
-        """Why a synced layer is out of tolerance: "sync" when it is about as far from the
-        global batch as without sync, else "numerics"."""
-        unsynced = {row.layer: row.max_rel for row in self.unsynced.layers}.get(layer.layer, 0.0)
-        return "sync" if layer.max_rel >= SYNC_BUG_FRACTION * unsynced else "numerics"
-
-    @property
-    def within_noise(self) -> list[str]:
-        """Synced layers above the tolerance but within the measured rounding noise."""
-        return [layer.layer for layer in self.synced.layers
-                if self.tolerance < layer.max_rel <= self.allowed(layer.layer)]
+    first_step: dict[str, RunComparison] | None = None
+    float64: dict[str, RunComparison] | None = None
 
     @property
     def failures(self) -> list[str]:
@@ -171,11 +125,12 @@ class Validation:
         found = [f"conversion {f.name}: max rel error {f.max_rel:.1e}" for f in self.fidelity
                  if not f.max_rel <= self.tolerance]
         found += [f"conversion {f.name}: {f.problem}" for f in self.fidelity if f.problem]
-        if self.inconclusive:
-            found.append(f"inconclusive: {self.inconclusive}")
-        found += [f"synced training, {layer.layer}: max rel error {layer.max_rel:.1e} "
-                  f"({self.cause(layer)})"
-                  for layer in self.synced.layers if not layer.max_rel <= self.allowed(layer.layer)]
+        if self.noise is not None:
+            from bnfix.validate.rounding import synced_failures
+
+            return found + synced_failures(self)
+        found += [f"synced training, {layer.layer}: max rel error {layer.max_rel:.1e}"
+                  for layer in self.synced.layers if not layer.max_rel <= self.tolerance]
         return found
 
     @property
@@ -189,11 +144,9 @@ class Validation:
         for run in ("synced", "unsynced"):
             data[run]["max_rel"] = getattr(self, run).max_rel
         if self.noise is not None:
-            data["noise"]["max_rel"] = self.noise.max_rel
-            data["noise_factor"] = NOISE_FACTOR
-            data["noise_ceiling"] = NOISE_CEILING
-            data["within_noise"] = self.within_noise
-            data["inconclusive"] = self.inconclusive
+            from bnfix.validate.rounding import json_fields
+
+            data.update(json_fields(self))
         return data
 
     @classmethod
@@ -208,9 +161,12 @@ class Validation:
 
         fidelity = tuple(Fidelity(**{**f, "refused": tuple(Refusal(**r) for r in f["refused"])})
                          for f in data["fidelity"])
+        first, confirm = data.get("first_step"), data.get("float64")
         return cls(data["kind"], data["model"], data["settings"], data["tolerance"], fidelity,
                    run(data["synced"]), run(data["unsynced"]), data["seconds"],
-                   run(data["noise"]) if data.get("noise") else None)
+                   run(data["noise"]) if data.get("noise") else None,
+                   {name: run(raw) for name, raw in first.items()} if first else None,
+                   {name: run(raw) for name, raw in confirm.items()} if confirm else None)
 
 
 def tolerance_for(dtype: str, override: float | None) -> float:

@@ -8,9 +8,12 @@ one (`bnfix.keras.convert_sync`, synchronized=True) and the unconverted one unde
 MirroredStrategy (MultiWorkerMirroredStrategy under TF_CONFIG). Each copy is a new call of the
 factory, so its auto-named layers have new names: its layers are matched to the first build's
 by position, class and weight shapes, and every copy is built and matched before any training.
-The reference trains twice, the second time on the global batch in reverse order: the
-difference is the rounding noise of this model in this dtype, which the verdict uses to tell
-an ill-conditioned model's fp32 rounding from a sync bug (`Validation.noise`).
+Two more runs equal to the reference in exact arithmetic measure this model's rounding noise in
+this dtype: the reference again on the global batch in reverse order, and the converted model
+under a one-device strategy (Keras' synchronized moments, E[x²]-E[x]², on the whole batch: in
+fp32 its backward pass alone can be 100x less accurate than the reference's two-pass variance).
+The verdict uses them to tell an ill-conditioned model's rounding from a sync bug
+(`Validation.noise`, `first_step`; see bnfix.validate.rounding).
 Each replica's loss is
 `tf.nn.compute_average_loss(per_example, global_batch_size=GB)` (its share of the mean over the
 global batch) and the optimizer SUM-reduces the gradients, so the applied gradient is the
@@ -27,6 +30,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,9 @@ from bnfix.validate.comparison import (
     MODEL,
     Fidelity,
     Key,
+    LayerError,
     Refusal,
+    RunComparison,
     Trace,
     Validation,
     compare,
@@ -221,7 +227,7 @@ class KerasRun:
 
     def _distribute(self, strategy: Any, values: Any) -> Any:
         """Replica r gets shard r of `values` (all workers' replicas, in replica order)."""
-        parts = data.shards(self.batch, self.replicas)
+        parts = data.shards(self.batch, strategy.num_replicas_in_sync)
         return strategy.experimental_distribute_values_from_function(
             lambda ctx: self.tf.constant(values[parts[ctx.replica_id_in_sync_group]]))
 
@@ -278,6 +284,23 @@ class KerasRun:
         trace.final = [{key: s[r] for key, s in zip(state_keys, stats, strict=True)}
                        for r in range(len(stats[0]) if stats else 1)]
         return trace
+
+
+def noise_of(ref: Trace, runs: list[Trace], kinds: dict[str, str]) -> RunComparison:
+    """Per layer, the largest difference from the reference of runs equal to it in exact
+    arithmetic: the rounding noise the verdict allows for (bnfix.validate.rounding)."""
+    rows: dict[str, LayerError] = {}
+    for run in runs:
+        for row in compare("noise", ref, run, kinds).layers:
+            if row.layer not in rows or row.max_rel > rows[row.layer].max_rel:
+                rows[row.layer] = row
+    return RunComparison("noise", tuple(rows.values()), 0.0)
+
+
+def first_step(trace: Trace) -> Trace:
+    """The first step alone (no final statistics): where a sync bug shows in full and no SGD
+    update has amplified rounding yet."""
+    return Trace(steps=trace.steps[:1], final=[])
 
 
 def _fidelity(reference: Any, x: Any, kinds: dict[str, str],
@@ -351,9 +374,12 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
     kinds = layer_kinds(base)
     shape = layout(base)
 
-    def build(what: str, in_scope: bool) -> tuple[Any, dict[str, str]]:
+    # one device under a strategy: Keras' synchronized moments on the whole batch (single worker)
+    alone = None if task is not None else tf.distribute.MirroredStrategy(devices[:1])
+
+    def build(what: str, scope: Any | None) -> tuple[Any, dict[str, str]]:
         """Another build with the first one's weights, its layers matched to the first's."""
-        with strategy.scope() if in_scope else contextlib.nullcontext():
+        with scope.scope() if scope is not None else contextlib.nullcontext():
             model = make()
             runner.check_output(model, job["factory"])  # builds a subclassed model's weights
             names = canonical_names(model, shape, what)
@@ -361,16 +387,23 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
         return model, names
 
     # every build made and matched before anything trains: a mismatch fails in seconds
-    reference, ref_names = build("reference", False)
-    to_sync, sync_names = build("synced", True)
+    reference, ref_names = build("reference", None)
+    to_sync, sync_names = build("synced", strategy)
     with strategy.scope():
         synced = convert_sync(to_sync)
-    unsynced, unsync_names = build("unsynced", True)
+    unsynced, unsync_names = build("unsynced", strategy)
+    if alone is not None:
+        to_sync_alone, alone_names = build("one-device synced", alone)
+        with alone.scope():
+            synced_alone = convert_sync(to_sync_alone)
     phase("reference run (plain BN, one device, global batch)")
     ref = runner.train(reference, None, ref_names)
-    phase("rounding-noise run (the reference on the reversed global batch)")
+    phase("rounding-noise runs (the reference on the reversed global batch; the synced model "
+          "on one device)")
     reference.set_weights(weights)
-    noise_trace = runner.train(reference, None, ref_names, reverse=True)
+    noise_traces = [runner.train(reference, None, ref_names, reverse=True)]
+    if alone is not None:
+        noise_traces.append(runner.train(synced_alone, alone, alone_names))
     phase(f"synced run on {replicas} replicas")
     synced_trace = runner.train(synced, strategy, sync_names)
     phase(f"unsynced run on {replicas} replicas")
@@ -390,10 +423,58 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
     validation = Validation("keras", job["factory"], settings, job["tolerance"], fidelity,
                             compare("synced", ref, synced_trace, kinds),
                             compare("unsynced", ref, unsynced_trace, kinds), seconds,
-                            compare("noise", ref, noise_trace, kinds))
+                            noise_of(ref, noise_traces, kinds),
+                            {"synced": compare("synced", first_step(ref),
+                                               first_step(synced_trace), kinds),
+                             "unsynced": compare("unsynced", first_step(ref),
+                                                 first_step(unsynced_trace), kinds),
+                             "noise": noise_of(first_step(ref),
+                                               [first_step(t) for t in noise_traces], kinds)})
+    from bnfix.validate.rounding import needs_float64
+
+    if needs_float64(validation) and task is None and not job["factory"].endswith(".keras"):
+        phase("float64 rerun (float32 differed by more than its measured rounding)")
+        validation = replace(validation, float64=_float64_rerun(
+            job, tf, keras, make, weights, shape, strategy, alone, kinds))
     if task is not None and not task[0]:
         return {"reporting": False, "exit_code": 0 if validation.passed else 1}
     return validation.to_json()
+
+
+def _float64_rerun(job: dict[str, Any], tf: Any, keras: Any, make: Callable[[], Any],
+                   weights: list[Any], shape: list[Any], strategy: Any, alone: Any,
+                   kinds: dict[str, str]) -> dict[str, RunComparison]:
+    """The reference, its noise runs and the synced run again, the model built in float64
+    from the same (float32) weights: equal in float64 means float32 rounding made the
+    difference, not the sync (bnfix.validate.rounding)."""
+    from bnfix.keras import convert_sync
+
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    runner = KerasRun({**job, "dtype": "float64"}, tf, keras, strategy.num_replicas_in_sync)
+    wide = [w.astype("float64") if w.dtype.kind == "f" else w for w in weights]
+
+    def build(scope: Any | None) -> tuple[Any, dict[str, str]]:
+        with scope.scope() if scope is not None else contextlib.nullcontext():
+            model = make()
+            runner.check_output(model, job["factory"])
+            names = canonical_names(model, shape, "float64")
+            model.set_weights(wide)
+        return model, names
+
+    reference, ref_names = build(None)
+    to_sync, sync_names = build(strategy)
+    with strategy.scope():
+        synced = convert_sync(to_sync)
+    ref = runner.train(reference, None, ref_names)
+    reference.set_weights(wide)
+    noise = [runner.train(reference, None, ref_names, reverse=True)]
+    if alone is not None:
+        one, one_names = build(alone)
+        with alone.scope():
+            noise.append(runner.train(convert_sync(one), alone, one_names))
+    return {"synced": compare("synced", ref, runner.train(synced, strategy, sync_names), kinds),
+            "noise": noise_of(ref, noise, kinds)}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bnfix.validate.comparison import NOISE_FACTOR, Validation
+from bnfix.validate import rounding
+from bnfix.validate.comparison import LayerError, Validation
 
 
 def _e(value: float) -> str:
@@ -41,12 +42,32 @@ def _fidelity(v: Validation) -> list[str]:
     return lines
 
 
+def _allowed(v: Validation, layer: str) -> float:
+    return rounding.allowed(v, layer) if v.noise is not None else v.tolerance
+
+
+def _failing(v: Validation) -> list[LayerError]:
+    """Synced layers out of allowance that fail the validation."""
+    if v.noise is not None and (rounding.amplified(v) or v.passed):
+        return []
+    return [row for row in v.synced.layers if not row.max_rel <= _allowed(v, row.layer)]
+
+
+def _cause(v: Validation, row: LayerError) -> str:
+    if v.noise is not None:
+        return rounding.cause(v, row)
+    unsynced = {x.layer: x.max_rel for x in v.unsynced.layers}.get(row.layer, 0.0)
+    return "sync" if row.max_rel >= rounding.SYNC_BUG_FRACTION * unsynced else "numerics"
+
+
 def _training(v: Validation) -> list[str]:
     s = v.settings
     lines = ["", (f"training: {s['devices']} {s['replica_word']} vs one device fed the global "
                   f"batch, errors over all {s['steps']} steps:")]
     unsynced = {layer.layer: layer for layer in v.unsynced.layers}
     noise = {layer.layer: layer for layer in v.noise.layers} if v.noise is not None else None
+    amplified = set(rounding.amplified(v)) if v.noise is not None else set()
+    wide_ok = bool(v.float64) and rounding.confirmed_in_float64(v)
     header = ("layer", "kind", "synced abs", "synced rel", "unsynced rel")
     rows = [header + (("rounding rel",) if noise is not None else ()) + ("",)]
     for layer in v.synced.layers:
@@ -55,8 +76,12 @@ def _training(v: Validation) -> list[str]:
                _e(other.max_rel) if other else "-")
         if noise is not None:
             row += (_e(noise[layer.layer].max_rel) if layer.layer in noise else "-",)
-        mark = _mark(layer.max_rel, v.allowed(layer.layer))
-        if mark == "ok" and layer.max_rel > v.tolerance:
+        mark = _mark(layer.max_rel, _allowed(v, layer.layer))
+        if layer.layer in amplified:
+            mark = "ok at step 1, diverges after"
+        elif mark == "FAIL" and wide_ok:
+            mark = "float32 numerics (ok in float64)"
+        elif mark == "ok" and layer.max_rel > v.tolerance:
             mark = "ok (rounding)"
         rows.append(row + (mark,))
     numbers = len(rows[0]) - 1
@@ -67,21 +92,26 @@ def _training(v: Validation) -> list[str]:
                                                    strict=True)]
         lines.append(("  " + "  ".join(cells) + "  " + row[-1]).rstrip())
     if noise is not None:
-        lines.append(f"rounding rel: the reference trained again on the global batch in reverse "
-                     f"order (equal in exact arithmetic): {s['dtype']} rounding alone; a layer "
-                     f"passes within max(tolerance, {NOISE_FACTOR:g}x its rounding)")
+        lines.append(f"rounding rel: runs equal to the reference in exact arithmetic (the "
+                     f"reference on the reversed batch, the synced model on one device): "
+                     f"{s['dtype']} rounding alone; a layer passes within max(tolerance, "
+                     f"{rounding.NOISE_FACTOR:g}x its rounding)")
     synced, gap = v.synced.max_rel, v.unsynced.max_rel
-    if not v.passed and any(not x.max_rel <= v.allowed(x.layer) for x in v.synced.layers):
+    if _failing(v):
         closes = "sync did not close the gap"
     else:
         closes = f"the gap sync closes ({gap / synced:.0e}x)" if synced else "the gap sync closes"
     worst = v.synced.worst()
     lines.append(f"synced max rel {_e(synced)} "
-                 f"{_mark(synced, v.allowed(worst.layer) if worst else v.tolerance)}; "
-                 "unsynced max rel "
-                 f"{_e(gap)}: {closes}")
+                 f"{_mark(synced, _allowed(v, worst.layer) if worst else v.tolerance)}; "
+                 f"unsynced max rel {_e(gap)}: {closes}")
     lines.append(f"running statistics apart between {s['replica_word']}: synced "
                  f"{_e(v.synced.replica_drift)}, unsynced {_e(v.unsynced.replica_drift)}")
+    if v.float64:
+        wide, noise = v.float64["synced"], v.float64["noise"]
+        lines.append(f"float64 rerun (same weights): synced max rel {_e(wide.max_rel)}, its "
+                     f"rounding {_e(noise.max_rel)}: "
+                     + ("agrees" if wide_ok else "differs: not float32 rounding"))
     return lines
 
 
@@ -96,39 +126,55 @@ def table(v: Validation) -> str:
 
 def verdict(v: Validation) -> str:
     """One line that says what passed or failed and why: a conversion that refused every BN,
-    a sync bug (the synced run as far off as the unsynced one), or numerics."""
+    inconclusive runs, a sync bug, or numerics (see bnfix.validate.rounding)."""
+    dtype = v.settings["dtype"]
     if v.passed:
-        if v.within_noise:
-            return (f"PASS: within the model's {v.settings['dtype']} rounding noise "
-                    f"({len(v.within_noise)} layer(s) above the fixed tolerance {v.tolerance:.0e}"
-                    f", each within {NOISE_FACTOR:g}x its measured rounding)")
+        if v.float64 and rounding.confirmed_in_float64(v):
+            worst = max((row.max_rel for row in v.float64["synced"].layers), default=0.0)
+            return (f"PASS: synchronized; float32 differs from the global batch by more than "
+                    f"its measured rounding (max rel {v.synced.max_rel:.1e}), and the float64 "
+                    f"rerun agrees with its reference (max rel {worst:.1e}): numerics, not sync")
+        amplified = rounding.amplified(v) if v.noise is not None else []
+        if amplified:
+            return (f"PASS: synchronized (step 1 matches the global batch within {dtype} "
+                    f"rounding and the replicas' statistics are identical); {len(amplified)} "
+                    "layer(s) drift further apart over the next steps as this model amplifies "
+                    "rounding (numerics, not sync)")
+        within = rounding.within_noise(v) if v.noise is not None else []
+        if within:
+            return (f"PASS: within the model's {dtype} rounding noise ({len(within)} layer(s) "
+                    f"above the fixed tolerance {v.tolerance:.0e}, each within "
+                    f"{rounding.NOISE_FACTOR:g}x its measured rounding)")
         return "PASS: every comparison within tolerance"
     refused_all = [f for f in v.fidelity if f.refused and not f.converted]
-    if v.inconclusive:
-        return (f"FAIL: inconclusive in {v.settings['dtype']}: {v.inconclusive}; rerun with "
-                "--dtype float64, a smaller --lr or fewer --steps")
     if refused_all:
         return (f"FAIL: the conversion refused every BN layer ({len(refused_all[0].refused)} "
                 "refused, 0 converted): nothing was synchronized")
-    failing = [layer for layer in v.synced.layers if not layer.max_rel <= v.allowed(layer.layer)]
-    causes = {v.cause(layer) for layer in failing}
-    if "sync" in causes:
-        return (f"FAIL: sync bug: {sum(v.cause(x) == 'sync' for x in failing)} layer(s) as far "
-                "from the global batch as without sync (statistics not synchronized)")
+    why = rounding.inconclusive(v) if v.noise is not None else ""
+    if why:
+        return (f"FAIL: inconclusive in {dtype}: {why}; rerun with --dtype float64, a smaller "
+                "--lr or fewer --steps")
+    if v.float64 and not rounding.confirmed_in_float64(v):
+        return ("FAIL: sync bug: the synced run differs from the global batch in float64 too "
+                "(not float32 rounding)")
+    failing = _failing(v)
+    bugs = [row for row in failing if _cause(v, row) == "sync"]
+    if bugs:
+        return (f"FAIL: sync bug: {len(bugs)} layer(s) as far from the global batch as without "
+                "sync on the first step, or replicas whose statistics disagree")
     if failing:
         return (f"FAIL: numerics: {len(failing)} layer(s) off by more than the tolerance and "
-                f"{NOISE_FACTOR:g}x their rounding noise, far below the unsynced gap; rerun "
-                "with --dtype float64 to tell rounding from a bug")
+                f"{rounding.NOISE_FACTOR:g}x their rounding noise, far below the unsynced gap; "
+                "rerun with --dtype float64 to tell rounding from a bug")
     return f"FAIL: {len(v.failures)} comparison(s) out of tolerance"
 
 
 def write_json(v: Validation, out: Path) -> None:
     """Every figure, plus the verdict in words and the cause of each failing synced layer
-    ("sync" or "numerics", see `Validation.cause`)."""
+    ("sync" or "numerics", see bnfix.validate.rounding)."""
     data = v.to_json()
     data["summary"] = verdict(v)
-    data["causes"] = {layer.layer: v.cause(layer) for layer in v.synced.layers
-                      if not layer.max_rel <= v.allowed(layer.layer)}
+    data["causes"] = {row.layer: _cause(v, row) for row in _failing(v)}
     data["refused_everything"] = [f.name for f in v.fidelity if f.refused and not f.converted]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n", encoding="utf-8")
