@@ -234,16 +234,28 @@ def test_non_keras3_models_are_refused():
 
 @pytest.mark.slow
 def test_cli_converts_a_keras_file(tmp_path: Path):
-    functional_model().save(tmp_path / "m.keras")
+    """A trained, compiled model: the converted file keeps the optimizer state (the iteration
+    count `bnfix inspect` reads as the evidence of training), and no TF log line is printed."""
+    model = functional_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(8, 3)), rng.normal(size=(8, 2)), batch_size=4, epochs=1,
+              verbose=0)
+    model.save(tmp_path / "m.keras")
     run = run_bnfix("convert", "m.keras", "--to", "sync", "-o", "out.keras", cwd=tmp_path,
                     env=QUIET, timeout=300)
     assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
     assert "block/inner_bn" in run.stdout and "2 of 2 BatchNormalization layers" in run.stdout
     assert "max abs error 0" in run.stdout
+    assert "optimizer state carried over" in run.stdout and "iterations = 2" in run.stdout
     written = keras.saving.load_model(tmp_path / "out.keras")
     assert all(bn.synchronized for bn in bn_layers(written).values())
     assert_same_weights(keras.saving.load_model(tmp_path / "m.keras"), written)
+    assert int(written.optimizer.iterations.numpy()) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.keras", "out.keras"]
+    inspected = run_bnfix("inspect", "out.keras", cwd=tmp_path, env=QUIET)
+    assert "trained: optimizer iterations = 2" in inspected.stdout
 
 
 @pytest.mark.slow
