@@ -143,6 +143,9 @@ class Validation:
                 **data, "failures": self.failures}
         for run in ("synced", "unsynced"):
             data[run]["max_rel"] = getattr(self, run).max_rel
+        for optional in ("noise", "first_step", "float64"):
+            if data[optional] is None:
+                del data[optional]
         if self.noise is not None:
             from bnfix.validate.rounding import json_fields
 
