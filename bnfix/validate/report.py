@@ -131,9 +131,11 @@ def verdict(v: Validation) -> str:
     if v.passed:
         if v.float64 and rounding.confirmed_in_float64(v):
             worst = max((row.max_rel for row in v.float64["synced"].layers), default=0.0)
-            return (f"PASS: synchronized; float32 differs from the global batch by more than "
-                    f"its measured rounding (max rel {v.synced.max_rel:.1e}), and the float64 "
-                    f"rerun agrees with its reference (max rel {worst:.1e}): numerics, not sync")
+            why = rounding.inconclusive(v)
+            what = (f"was inconclusive ({why})" if why else "differs from the global batch by "
+                    f"more than its measured rounding (max rel {v.synced.max_rel:.1e})")
+            return (f"PASS: synchronized; float32 {what}, and the float64 rerun agrees with "
+                    f"its reference (max rel {worst:.1e}): numerics, not sync")
         amplified = rounding.amplified(v) if v.noise is not None else []
         if amplified:
             return (f"PASS: synchronized (step 1 matches the global batch within {dtype} "
@@ -150,13 +152,13 @@ def verdict(v: Validation) -> str:
     if refused_all:
         return (f"FAIL: the conversion refused every BN layer ({len(refused_all[0].refused)} "
                 "refused, 0 converted): nothing was synchronized")
+    if v.float64 and not rounding.confirmed_in_float64(v):
+        return ("FAIL: sync bug: the synced run differs from the global batch in float64 too "
+                "(not float32 rounding)")
     why = rounding.inconclusive(v) if v.noise is not None else ""
     if why:
         return (f"FAIL: inconclusive in {dtype}: {why}; rerun with --dtype float64, a smaller "
                 "--lr or fewer --steps")
-    if v.float64 and not rounding.confirmed_in_float64(v):
-        return ("FAIL: sync bug: the synced run differs from the global batch in float64 too "
-                "(not float32 rounding)")
     failing = _failing(v)
     bugs = [row for row in failing if _cause(v, row) == "sync"]
     if bugs:

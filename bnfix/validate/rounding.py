@@ -12,17 +12,19 @@ yet been amplified.
 
 The verdict, in order:
 - a layer passes within max(tolerance, NOISE_FACTOR x its measured noise);
-- the comparison is *inconclusive* when rounding alone moves the step-1 output or loss past
-  NOISE_CEILING, or when the unsynced run would pass as well (nothing to tell apart);
+- the comparison is *inconclusive* when rounding alone moves the step-1 output, loss or input
+  gradient past NOISE_CEILING, or when the unsynced run would pass as well (nothing to tell
+  apart);
 - layers out of allowance only after step 1, with step 1 within its own allowance and the
   replicas' running statistics bit-identical, are the model amplifying rounding over its SGD
   steps (*numerics*): the statistics are synchronized, step 1 is the global batch's. Reported,
   not failed.
 - otherwise a failing layer is a *sync* bug when the replicas' statistics disagree or its
   step-1 error is at least SYNC_BUG_FRACTION of the unsynced run's, else *numerics*;
-- numerics alone in float32 is settled in float64 (`Validation.float64`: the synced run and the
-  reference again, the model built in float64 from the same weights): when they agree there
-  within float64's allowance, the conversion is right and float32 rounding made the difference
+- numerics alone, or an inconclusive comparison, in float32 is settled in float64
+  (`Validation.float64`: the synced run and the reference again, the model built in float64
+  from the same weights): when they agree there within float64's allowance, the conversion is
+  right and float32 rounding made the difference
   (measured on MobileNetV2: the 2-replica synced float32 run is 1e-2 off the float64 truth on
   step 1's gradients while the one-device float32 reference is 1e-4 off: TensorFlow's float32
   numerics for the per-replica shapes, not the sync). Passed, and said so.
@@ -37,7 +39,7 @@ from bnfix.validate.comparison import TOLERANCE, LayerError, RunComparison, Vali
 NOISE_FACTOR = 10.0
 NOISE_CEILING = 0.1
 SYNC_BUG_FRACTION = 0.1
-MODEL_ROWS = ("(output)", "(loss)")
+MODEL_ROWS = ("(output)", "(loss)", "(input grad)")
 
 
 def _rel(run: RunComparison | None, layer: str) -> float:
@@ -66,8 +68,8 @@ def inconclusive(v: Validation) -> str:
     unsynced = first.get("unsynced", v.unsynced)
     worst = max((_rel(noise, row) for row in MODEL_ROWS), default=0.0)
     if worst > NOISE_CEILING:
-        return (f"rounding alone (the reference trained again on the reordered batch) moves the "
-                f"model's output or loss by {worst:.1e} on the first step")
+        return (f"rounding alone (runs equal to the reference in exact arithmetic) moves the "
+                f"model's output, loss or input gradient by {worst:.1e} on the first step")
     if not _out(v, unsynced, noise):
         return ("the unsynced run is within the allowance too: rounding hides the gap that sync "
                 "closes")
@@ -102,13 +104,15 @@ def within_noise(v: Validation) -> list[str]:
 
 
 def needs_float64(v: Validation) -> bool:
-    """A float32 run whose only failures are numerics: float64 can settle it."""
-    if v.settings.get("dtype") != "float32" or v.noise is None or inconclusive(v):
+    """A float32 run that is inconclusive, or whose only failures are numerics, with no sign of
+    a sync bug (replicas' statistics identical, nothing refused): float64 can settle it."""
+    if v.settings.get("dtype") != "float32" or v.noise is None or amplified(v):
         return False
-    if v.synced.replica_drift != 0.0 or amplified(v) or any(f.problem for f in v.fidelity):
+    if v.synced.replica_drift != 0.0 or any(f.problem for f in v.fidelity):
         return False
     failing = _out(v, v.synced, v.noise)
-    return bool(failing) and all(cause(v, row) == "numerics" for row in failing)
+    numerics = bool(failing) and all(cause(v, row) == "numerics" for row in failing)
+    return numerics or bool(inconclusive(v))
 
 
 def confirmed_in_float64(v: Validation) -> bool:
@@ -119,19 +123,19 @@ def confirmed_in_float64(v: Validation) -> bool:
 
 def synced_failures(v: Validation) -> list[str]:
     """The synced run's part of `Validation.failures` when the noise was measured."""
+    failing = _out(v, v.synced, v.noise)
+    if v.float64 is not None:
+        if confirmed_in_float64(v):
+            return []
+        return [f"float64 rerun, {row.layer}: max rel error {row.max_rel:.1e} (sync)"
+                for row in _out(v, v.float64["synced"], v.float64["noise"],
+                                TOLERANCE["float64"])]
     found = []
     why = inconclusive(v)
     if why:
         found.append(f"inconclusive: {why}")
     if amplified(v):
         return found
-    failing = _out(v, v.synced, v.noise)
-    if failing and confirmed_in_float64(v) and all(cause(v, r) == "numerics" for r in failing):
-        return found
-    if v.float64:
-        found += [f"float64 rerun, {row.layer}: max rel error {row.max_rel:.1e} (sync)"
-                  for row in _out(v, v.float64["synced"], v.float64["noise"],
-                                  TOLERANCE["float64"])]
     found += [f"synced training, {row.layer}: max rel error {row.max_rel:.1e} "
               f"({cause(v, row)})" for row in failing]
     return found
