@@ -154,3 +154,60 @@ def test_joins_a_tf_config_multi_worker_job(tmp_path: Path) -> None:
     synced = {layer["layer"] for layer in report["synced"]["layers"]}
     assert {"conv2d", "batch_normalization", "conv2d_1", "sequential/dense",
             "sequential/batch_normalization_1", "dense_1"} <= synced
+
+
+# -- the verdict's logic on measured numbers (bnfix.validate.rounding; no TensorFlow) ---------
+
+
+def _runs(label: str, errors: dict[str, float], drift: float = 0.0):
+    from bnfix.validate.comparison import LayerError, RunComparison
+
+    return RunComparison(label, tuple(LayerError(layer, "" if layer.startswith("(") else "X",
+                                                 rel, rel, ()) for layer, rel in errors.items()),
+                         drift)
+
+
+def _validation(synced, unsynced, noise, first=None, float64=None, dtype="float32"):
+    from bnfix.validate.comparison import Validation
+
+    return Validation("keras", "m", {"dtype": dtype, "devices": 2, "replica_word": "replicas",
+                                     "steps": 2}, 1e-4, (), synced, unsynced, {}, noise, first,
+                      float64)
+
+
+MODEL_ROWS = {"(output)": 1e-6, "(loss)": 1e-6, "(input grad)": 1e-6}
+
+
+def test_verdict_separates_numerics_from_a_sync_bug():
+    from bnfix.validate import rounding
+    from bnfix.validate.report import verdict
+
+    unsynced = _runs("unsynced", {**MODEL_ROWS, "bn": 1.0, "conv": 1.0}, drift=0.1)
+    noise = _runs("noise", {**MODEL_ROWS, "bn": 1e-4, "conv": 1e-4})
+    first = {"synced": _runs("synced", {**MODEL_ROWS, "bn": 5e-4, "conv": 5e-4}),
+             "unsynced": unsynced, "noise": noise}
+    # within 10x the measured rounding: a pass, above the fixed tolerance
+    ok = _validation(_runs("synced", {**MODEL_ROWS, "bn": 5e-4, "conv": 5e-4}), unsynced, noise,
+                     first)
+    assert ok.passed and verdict(ok).startswith("PASS: within the model's float32 rounding")
+    # numerics past the rounding, no sign of a sync bug: float64 is asked for ...
+    numerics_first = {**first, "synced": _runs("synced", {**MODEL_ROWS, "bn": 3e-2, "conv": 0})}
+    numerics = _validation(_runs("synced", {**MODEL_ROWS, "bn": 3e-2, "conv": 5e-4}), unsynced,
+                           noise, numerics_first)
+    assert rounding.needs_float64(numerics) and not numerics.passed
+    assert verdict(numerics).startswith("FAIL: numerics")
+    # ... and settles it both ways
+    agree = {"synced": _runs("synced", {"bn": 1e-12}), "noise": _runs("noise", {"bn": 1e-12})}
+    settled = _validation(numerics.synced, unsynced, noise, numerics_first, agree)
+    assert settled.passed and "float64 rerun agrees" in verdict(settled)
+    differ = {"synced": _runs("synced", {"bn": 1e-3}), "noise": _runs("noise", {"bn": 1e-12})}
+    bug = _validation(numerics.synced, unsynced, noise, numerics_first, differ)
+    assert not bug.passed and verdict(bug).startswith("FAIL: sync bug")
+    # replicas whose statistics disagree: a sync bug, never sent to float64
+    drifting = _runs("synced", {**MODEL_ROWS, "bn": 0.5, "conv": 0.5}, drift=0.1)
+    broken = _validation(drifting, unsynced, noise, {**first, "synced": drifting})
+    assert not rounding.needs_float64(broken) and verdict(broken).startswith("FAIL: sync bug")
+    # rounding alone moving the first step's input gradient by 20%: inconclusive in float32
+    chaotic_noise = _runs("noise", {**MODEL_ROWS, "(input grad)": 0.2, "bn": 1e-4})
+    chaotic = _validation(ok.synced, unsynced, chaotic_noise, {**first, "noise": chaotic_noise})
+    assert verdict(chaotic).startswith("FAIL: inconclusive") and rounding.needs_float64(chaotic)
