@@ -72,7 +72,7 @@ def convert_file(model: str, to: str, output: str, max_bytes: int | None = None)
 def _check_keras_archive(model: str) -> None:
     import zipfile
 
-    from bnfix.artifacts.keras_file import check_archive
+    from bnfix.artifacts.limits import check_keras_archive as check_archive
     from bnfix.artifacts.model import ArtifactError
 
     if not zipfile.is_zipfile(model):

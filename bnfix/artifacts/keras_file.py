@@ -100,20 +100,6 @@ def _member(archive: zipfile.ZipFile, name: str) -> bytes:
     return data
 
 
-def check_archive(path: str) -> None:
-    """ArtifactError when a member of a `.keras` archive that Keras reads whole declares more
-    than the budget: any compressed member, and config.json however stored (a forged 3 GB
-    config deflates into 3 MB). Stored members are bounded by the file itself."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = archive.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError) as exc:
-        raise ArtifactError(f"not a Keras v3 file: {exc}") from exc
-    for info in members:
-        if info.compress_type != zipfile.ZIP_STORED or info.filename.endswith(".json"):
-            check(f"`{info.filename}` in the archive", info.file_size)
-
-
 def read_keras_file(path: str) -> Artifact:
     try:
         with zipfile.ZipFile(path) as archive:

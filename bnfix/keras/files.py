@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first
 import keras
 import numpy as np
 
-from bnfix.artifacts.keras_file import check_archive
+from bnfix.artifacts.limits import check_keras_archive as check_archive
 from bnfix.artifacts.model import ArtifactError
 from bnfix.convert import ConversionError, atomic_output
 from bnfix.keras.convert import ConversionRefused, convert_sync, layer_paths, revert_sync
