@@ -154,6 +154,8 @@ def test_joins_a_tf_config_multi_worker_job(tmp_path: Path) -> None:
     synced = {layer["layer"] for layer in report["synced"]["layers"]}
     assert {"conv2d", "batch_normalization", "conv2d_1", "sequential/dense",
             "sequential/batch_normalization_1", "dense_1"} <= synced
+    # the Dropout's masks would differ between every run: turned off in all of them
+    assert report["settings"]["deterministic"].startswith("1 Dropout/noise layer(s) turned off")
 
 
 # -- the verdict's logic on measured numbers (bnfix.validate.rounding; no TensorFlow) ---------

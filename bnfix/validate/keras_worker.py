@@ -161,6 +161,30 @@ def variable_keys(model: Any, names: dict[str, str]) -> dict[int, Key]:
     return keys
 
 
+# Layers that draw random numbers in training mode, and the attribute that turns them off.
+STOCHASTIC = {"Dropout": "rate", "SpatialDropout1D": "rate", "SpatialDropout2D": "rate",
+              "SpatialDropout3D": "rate", "GaussianDropout": "rate", "AlphaDropout": "rate",
+              "GaussianNoise": "stddev"}
+
+
+def make_deterministic(model: Any) -> list[str]:
+    """Turn off every Dropout/noise layer (rate or stddev 0): their masks differ between runs,
+    and between one device's global batch and the replicas' shards, so no two runs could be
+    compared (EfficientNetB0's stochastic depth moves its output by 100% run to run, float64
+    included). BN sync does not depend on them. Returns their paths."""
+    from bnfix.keras.convert import layer_paths
+
+    found = []
+    for path, layer in layer_paths(model).items():
+        for cls in type(layer).__mro__:
+            attribute = STOCHASTIC.get(cls.__name__)
+            if attribute and cls.__module__.startswith("keras"):
+                setattr(layer, attribute, 0.0)
+                found.append(path)
+                break
+    return found
+
+
 def layer_kinds(model: Any) -> dict[str, str]:
     from bnfix.keras.convert import layer_paths
 
@@ -373,6 +397,7 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
     weights = base.get_weights()
     kinds = layer_kinds(base)
     shape = layout(base)
+    stochastic = make_deterministic(base)
 
     # one device under a strategy: Keras' synchronized moments on the whole batch (single worker)
     alone = None if task is not None else tf.distribute.MirroredStrategy(devices[:1])
@@ -384,6 +409,7 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
             runner.check_output(model, job["factory"])  # builds a subclassed model's weights
             names = canonical_names(model, shape, what)
             model.set_weights(weights)
+            make_deterministic(model)
         return model, names
 
     # every build made and matched before anything trains: a mismatch fails in seconds
@@ -419,7 +445,10 @@ def run(job: dict[str, Any], workdir: Path) -> dict[str, Any] | None:
                 "launcher": launcher, "steps": job["steps"], "lr": job["lr"],
                 "dtype": job["dtype"], "target": job["target"], "seed": job["seed"],
                 "loss": "tf.nn.compute_average_loss(per_example, global_batch_size=GB) per "
-                        "replica, gradients SUM-reduced by the optimizer"}
+                        "replica, gradients SUM-reduced by the optimizer",
+                "deterministic": (f"{len(stochastic)} Dropout/noise layer(s) turned off (rate 0) "
+                                  "in every run: their random masks differ between runs"
+                                  if stochastic else "")}
     validation = Validation("keras", job["factory"], settings, job["tolerance"], fidelity,
                             compare("synced", ref, synced_trace, kinds),
                             compare("unsynced", ref, unsynced_trace, kinds), seconds,
@@ -460,6 +489,7 @@ def _float64_rerun(job: dict[str, Any], tf: Any, keras: Any, make: Callable[[], 
             runner.check_output(model, job["factory"])
             names = canonical_names(model, shape, "float64")
             model.set_weights(wide)
+            make_deterministic(model)
         return model, names
 
     reference, ref_names = build(None)

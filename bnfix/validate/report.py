@@ -21,10 +21,13 @@ def _header(v: Validation) -> list[str]:
     s = v.settings
     shape = "x".join(str(d) for d in s["input_shape"])
     where = f"{s['backend']}, {s['device']}" if s.get("backend") else s["device"]
-    return [f"bnfix validate {v.kind} {v.model}",
-            (f"{s['devices']} {s['replica_word']} ({where}, {s['launcher']}), global batch "
-            f"{shape}, {s['steps']} SGD steps (lr {s['lr']}), {s['dtype']}, {s['target']} "
-            f"targets; tolerance {v.tolerance:.0e} (max relative error)")]
+    lines = [f"bnfix validate {v.kind} {v.model}",
+             (f"{s['devices']} {s['replica_word']} ({where}, {s['launcher']}), global batch "
+              f"{shape}, {s['steps']} SGD steps (lr {s['lr']}), {s['dtype']}, {s['target']} "
+              f"targets; tolerance {v.tolerance:.0e} (max relative error)")]
+    if s.get("deterministic"):
+        lines.append(s["deterministic"])
+    return lines
 
 
 def _fidelity(v: Validation) -> list[str]:
