@@ -209,6 +209,16 @@ def test_verdict_separates_numerics_from_a_sync_bug():
     drifting = _runs("synced", {**MODEL_ROWS, "bn": 0.5, "conv": 0.5}, drift=0.1)
     broken = _validation(drifting, unsynced, noise, {**first, "synced": drifting})
     assert not rounding.needs_float64(broken) and verdict(broken).startswith("FAIL: sync bug")
+    # rounding alone moves the output by 50% only after step 1: step 1 is what is judged
+    later_noise = _runs("noise", {**MODEL_ROWS, "(output)": 0.5, "bn": 0.5, "conv": 0.5})
+    later = _validation(_runs("synced", {**MODEL_ROWS, "(output)": 0.4, "bn": 6.0,
+                                         "conv": 0.5}), unsynced, later_noise, first)
+    assert rounding.chaotic_later(later) == 0.5 and later.passed
+    assert "after step 1 rounding alone moves this model by 5.0e-01" in verdict(later)
+    wrong_first = {**first, "synced": _runs("synced", {**MODEL_ROWS, "bn": 0.5, "conv": 5e-4})}
+    failed = _validation(later.synced, unsynced, later_noise, wrong_first)
+    assert not failed.passed and "bn: max rel error 5.0e-01 on step 1 (sync)" in \
+        " ".join(failed.failures)
     # rounding alone moving the first step's input gradient by 20%: inconclusive in float32
     chaotic_noise = _runs("noise", {**MODEL_ROWS, "(input grad)": 0.2, "bn": 1e-4})
     chaotic = _validation(ok.synced, unsynced, chaotic_noise, {**first, "noise": chaotic_noise})

@@ -51,9 +51,12 @@ def _allowed(v: Validation, layer: str) -> float:
 
 def _failing(v: Validation) -> list[LayerError]:
     """Synced layers out of allowance that fail the validation."""
-    if v.noise is not None and (rounding.amplified(v) or v.passed):
+    if v.noise is None:
+        return [row for row in v.synced.layers if not row.max_rel <= v.tolerance]
+    if rounding.amplified(v) or v.passed:
         return []
-    return [row for row in v.synced.layers if not row.max_rel <= _allowed(v, row.layer)]
+    run, noise = rounding.judged(v)
+    return [row for row in run.layers if not row.max_rel <= rounding.allowed(v, row.layer, noise)]
 
 
 def _cause(v: Validation, row: LayerError) -> str:
@@ -71,6 +74,12 @@ def _training(v: Validation) -> list[str]:
     noise = {layer.layer: layer for layer in v.noise.layers} if v.noise is not None else None
     amplified = set(rounding.amplified(v)) if v.noise is not None else set()
     wide_ok = bool(v.float64) and rounding.confirmed_in_float64(v)
+    step_one: dict[str, str] = {}
+    if v.noise is not None and rounding.chaotic_later(v) and v.first_step:
+        first_noise = v.first_step["noise"]
+        step_one = {row.layer: "ok at step 1 (later steps chaotic)"
+                    if row.max_rel <= rounding.allowed(v, row.layer, first_noise)
+                    else "FAIL at step 1" for row in v.first_step["synced"].layers}
     header = ("layer", "kind", "synced abs", "synced rel", "unsynced rel")
     rows = [header + (("rounding rel",) if noise is not None else ()) + ("",)]
     for layer in v.synced.layers:
@@ -80,6 +89,8 @@ def _training(v: Validation) -> list[str]:
         if noise is not None:
             row += (_e(noise[layer.layer].max_rel) if layer.layer in noise else "-",)
         mark = _mark(layer.max_rel, _allowed(v, layer.layer))
+        if layer.layer in step_one and mark == "FAIL":
+            mark = step_one[layer.layer]
         if layer.layer in amplified:
             mark = "ok at step 1, diverges after"
         elif mark == "FAIL" and wide_ok:
@@ -145,6 +156,12 @@ def verdict(v: Validation) -> str:
                     f"rounding and the replicas' statistics are identical); {len(amplified)} "
                     "layer(s) drift further apart over the next steps as this model amplifies "
                     "rounding (numerics, not sync)")
+        later = rounding.chaotic_later(v) if v.noise is not None else 0.0
+        if later:
+            return (f"PASS: synchronized (step 1 matches the global batch within {dtype} "
+                    "rounding and the replicas' statistics are identical); after step 1 "
+                    f"rounding alone moves this model by {later:.1e} (chaotic at lr "
+                    f"{v.settings['lr']}), so the later steps are no evidence either way")
         within = rounding.within_noise(v) if v.noise is not None else []
         if within:
             return (f"PASS: within the model's {dtype} rounding noise ({len(within)} layer(s) "

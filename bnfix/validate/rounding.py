@@ -18,7 +18,8 @@ The verdict, in order:
 - layers out of allowance only after step 1, with step 1 within its own allowance and the
   replicas' running statistics bit-identical, are the model amplifying rounding over its SGD
   steps (*numerics*): the statistics are synchronized, step 1 is the global batch's. Reported,
-  not failed.
+  not failed. Likewise when rounding alone moves the model past NOISE_CEILING only after step
+  1 (*chaotic later*): later steps are no evidence either way, and step 1 is what is judged;
 - otherwise a failing layer is a *sync* bug when the replicas' statistics disagree or its
   step-1 error is at least SYNC_BUG_FRACTION of the unsynced run's, else *numerics*;
 - numerics alone, or an inconclusive comparison, in float32 is settled in float64
@@ -76,6 +77,28 @@ def inconclusive(v: Validation) -> str:
     return ""
 
 
+def _model_noise(noise: RunComparison | None) -> float:
+    return max((_rel(noise, row) for row in MODEL_ROWS), default=0.0)
+
+
+def chaotic_later(v: Validation) -> float:
+    """How far rounding alone moves the model over all steps when that is past NOISE_CEILING
+    while step 1 is not (0.0 otherwise)."""
+    first = v.first_step
+    if not first or _model_noise(first["noise"]) > NOISE_CEILING:
+        return 0.0
+    worst = _model_noise(v.noise)
+    return worst if worst > NOISE_CEILING else 0.0
+
+
+def judged(v: Validation) -> tuple[RunComparison, RunComparison | None]:
+    """The synced comparison the verdict rests on, and its noise: step 1 alone when later
+    steps are chaotic, else every step."""
+    if chaotic_later(v) and v.first_step:
+        return v.first_step["synced"], v.first_step["noise"]
+    return v.synced, v.noise
+
+
 def amplified(v: Validation) -> list[str]:
     """Synced layers out of allowance over all steps while step 1 is within its own and the
     replicas' statistics are identical: rounding amplified by the model, not a sync bug."""
@@ -99,8 +122,9 @@ def cause(v: Validation, layer: LayerError) -> str:
 
 def within_noise(v: Validation) -> list[str]:
     """Synced layers above the fixed tolerance but within their measured rounding."""
-    return [row.layer for row in v.synced.layers
-            if v.tolerance < row.max_rel <= allowed(v, row.layer)]
+    run, noise = judged(v)
+    return [row.layer for row in run.layers
+            if v.tolerance < row.max_rel <= allowed(v, row.layer, noise)]
 
 
 def needs_float64(v: Validation) -> bool:
@@ -110,7 +134,7 @@ def needs_float64(v: Validation) -> bool:
         return False
     if v.synced.replica_drift != 0.0 or any(f.problem for f in v.fidelity):
         return False
-    failing = _out(v, v.synced, v.noise)
+    failing = _out(v, *judged(v))
     numerics = bool(failing) and all(cause(v, row) == "numerics" for row in failing)
     return numerics or bool(inconclusive(v))
 
@@ -123,7 +147,6 @@ def confirmed_in_float64(v: Validation) -> bool:
 
 def synced_failures(v: Validation) -> list[str]:
     """The synced run's part of `Validation.failures` when the noise was measured."""
-    failing = _out(v, v.synced, v.noise)
     if v.float64 is not None:
         if confirmed_in_float64(v):
             return []
@@ -136,13 +159,16 @@ def synced_failures(v: Validation) -> list[str]:
         found.append(f"inconclusive: {why}")
     if amplified(v):
         return found
-    found += [f"synced training, {row.layer}: max rel error {row.max_rel:.1e} "
-              f"({cause(v, row)})" for row in failing]
+    run, noise = judged(v)
+    step = " on step 1" if run is not v.synced else ""
+    found += [f"synced training, {row.layer}: max rel error {row.max_rel:.1e}{step} "
+              f"({cause(v, row)})" for row in _out(v, run, noise)]
     return found
 
 
 def json_fields(v: Validation) -> dict[str, Any]:
     return {"noise_factor": NOISE_FACTOR, "noise_ceiling": NOISE_CEILING,
             "within_noise": within_noise(v), "amplified_after_step_1": amplified(v),
+            "chaotic_after_step_1": chaotic_later(v),
             "inconclusive": inconclusive(v),
             "float64_confirms": confirmed_in_float64(v) if v.float64 else None}
