@@ -150,18 +150,18 @@ def verdict(v: Validation) -> str:
                     f"more than its measured rounding (max rel {v.synced.max_rel:.1e})")
             return (f"PASS: synchronized; float32 {what}, and the float64 rerun agrees with "
                     f"its reference (max rel {worst:.1e}): numerics, not sync")
-        amplified = rounding.amplified(v) if v.noise is not None else []
-        if amplified:
-            return (f"PASS: synchronized (step 1 matches the global batch within {dtype} "
-                    f"rounding and the replicas' statistics are identical); {len(amplified)} "
-                    "layer(s) drift further apart over the next steps as this model amplifies "
-                    "rounding (numerics, not sync)")
         later = rounding.chaotic_later(v) if v.noise is not None else 0.0
         if later:
             return (f"PASS: synchronized (step 1 matches the global batch within {dtype} "
                     "rounding and the replicas' statistics are identical); after step 1 "
                     f"rounding alone moves this model by {later:.1e} (chaotic at lr "
                     f"{v.settings['lr']}), so the later steps are no evidence either way")
+        amplified = rounding.amplified(v) if v.noise is not None else []
+        if amplified:
+            return (f"PASS: synchronized (step 1 matches the global batch within {dtype} "
+                    f"rounding and the replicas' statistics are identical); {len(amplified)} "
+                    "layer(s) drift further apart over the next steps as this model amplifies "
+                    "rounding (numerics, not sync)")
         within = rounding.within_noise(v) if v.noise is not None else []
         if within:
             return (f"PASS: within the model's {dtype} rounding noise ({len(within)} layer(s) "
