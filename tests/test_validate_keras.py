@@ -172,8 +172,8 @@ def _runs(label: str, errors: dict[str, float], drift: float = 0.0):
 def _validation(synced, unsynced, noise, first=None, float64=None, dtype="float32"):
     from bnfix.validate.comparison import Validation
 
-    return Validation("keras", "m", {"dtype": dtype, "devices": 2, "replica_word": "replicas",
-                                     "steps": 2}, 1e-4, (), synced, unsynced, {}, noise, first,
+    settings = {"dtype": dtype, "devices": 2, "replica_word": "replicas", "steps": 2, "lr": 0.1}
+    return Validation("keras", "m", settings, 1e-4, (), synced, unsynced, {}, noise, first,
                       float64)
 
 
