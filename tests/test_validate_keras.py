@@ -104,8 +104,8 @@ def test_refused_layer_fails_the_synced_comparison(tmp_path: Path) -> None:
     ("missing.keras", "8,6", "missing.keras: no such file"),
     (f"{MODELS}:functional_nested", "8,6", "the model rejects --input-shape 8,6"),
     (f"{MODELS}:changing_architecture", "8,6",
-     "(Dense, weights [(6, 6), (6,)]) where the first had dense (Dense, weights [(6, 5), (5,)]); "
-     "the factory must build the same architecture on every call"),
+     ("(Dense, weights [(6, 6), (6,)]) where the first had dense (Dense, weights [(6, 5), "
+      "(5,)]); the factory must build the same architecture on every call")),
 ], ids=["not-a-model", "no-file", "bad-shape", "another-architecture-each-call"])
 def test_usage_errors_are_one_line(spec: str, shape: str, message: str) -> None:
     run = run_bnfix("validate", "keras", spec, "--input-shape", shape, cwd=REPO, env=QUIET)
