@@ -259,9 +259,9 @@ def test_cli_github_sarif_and_plot(artifacts, tmp_path):
 def test_select_of_a_source_rule_is_a_usage_error(artifacts):
     run = run_bnfix("inspect", "--select", "BN001", str(artifacts / "frozen.pt"))
     assert run.returncode == 2 and run.stdout == ""
-    assert run.stderr.splitlines() == [
+    assert run.stderr.splitlines() == [(
         "bnfix: --select BN001: BN001 is a source rule (run by `bnfix check`); inspect runs the "
-        "artifact rules BN201, BN202, BN203, BN204, BN205, BN206, BN207, BN208, BN902"]
+        "artifact rules BN201, BN202, BN203, BN204, BN205, BN206, BN207, BN208, BN902")]
 
 
 def test_project_configuration_applies(artifacts, tmp_path):

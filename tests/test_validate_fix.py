@@ -167,9 +167,9 @@ def test_keep_inside_path_is_refused(tmp_path: Path):
     run = run_bnfix("validate", "fix", str(project), "--keep", str(project / "out"), "--",
                     sys.executable, "main.py")
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines() == [
+    assert run.stderr.strip().splitlines() == [(
         f"bnfix: validate fix: --keep {project / 'out'} is inside {project}, which is never "
-        "changed"]
+        "changed")]
     assert not (project / "out").exists()
 
 
