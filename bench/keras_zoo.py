@@ -74,7 +74,7 @@ def run_one(name: str, dtype: str, args: argparse.Namespace, out: Path) -> dict:
     run = subprocess.run(
         [sys.executable, "-m", "bnfix", "validate", "keras", f"{__file__}:{name}",
          "--input-shape", f"{args.batch},{args.size},{args.size},3", "--steps", str(args.steps),
-         "--lr", str(args.lr),
+         "--lr", str(args.lr), "--timeout", str(args.timeout),
          "--dtype", dtype, "--json", str(report), "--no-progress"],
         capture_output=True, text=True, env=env, check=False)
     seconds = time.perf_counter() - start
@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="validate's --timeout (its worker may run 6x as long)")
     parser.add_argument("--dtype", choices=("float32", "float64", "both"), default="float32")
     parser.add_argument("--out", help="keep the JSON reports here (default: a temporary folder)")
     args = parser.parse_args()
