@@ -41,6 +41,20 @@ def _size(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _tensor_bytes(value: str) -> int:
+    """`1000`, `64K`, `256M`, `2G` -> bytes (convert's and inspect's --max-tensor-bytes)."""
+    import argparse
+
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1:].upper(), 1)
+    try:
+        size = int(value[:-1] if scale > 1 else value) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{value}` is not a size like 256M") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"`{value}`: the size must be positive")
+    return size
+
+
 def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
     parser.add_argument("paths", nargs="*", help="files or folders (default: .); `-` reads stdin")
     if not fix_default:
@@ -147,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--groups", type=int, default=32,
                          help="--to groupnorm: groups per layer (default 32; a divisor of the "
                               "channels is used where 32 does not divide them)")
+    convert.add_argument("--max-tensor-bytes", type=_tensor_bytes, default=None, metavar="BYTES",
+                         help="refuse a model member that declares more (default 256 MiB; "
+                              "suffixes K, M, G)")
     inspect = sub.add_parser(
         "inspect", help="find BN bugs' fingerprints in checkpoints, graphs and exported models",
         epilog=EPILOG)
@@ -161,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="load full pickled torch models (runs code from the file: only for "
                               "files you trust)")
     inspect.add_argument("--exit-zero", action="store_true", help="exit 0 even with findings")
+    inspect.add_argument("--config", help="the configuration file: a pyproject.toml ([tool.bnfix]) "
+                                         "or a bnfix.toml")
+    inspect.add_argument("--max-tensor-bytes", type=_tensor_bytes, default=None, metavar="BYTES",
+                         help="refuse (BN902) a tensor, config or pickle that declares more "
+                              "(default 256 MiB; suffixes K, M, G), before reading it")
     from bnfix.validate.arguments import add_arguments
 
     add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
@@ -312,15 +334,17 @@ def _cmd_rules(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from bnfix.convert import convert_file
 
-    return convert_file(args.model, args.to, args.output, args.groups)
+    return convert_file(args.model, args.to, args.output, args.groups, args.max_tensor_bytes)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from bnfix.artifacts.inspect import inspect_command
+    from bnfix.artifacts.limits import DEFAULT_MAX_BYTES
 
     return inspect_command(args.paths, output_format=args.output_format, select=args.select,
                            ignore=args.ignore, plot=args.plot, allow_pickle=args.allow_pickle,
-                           exit_zero=args.exit_zero)
+                           exit_zero=args.exit_zero, config=args.config,
+                           max_tensor_bytes=args.max_tensor_bytes or DEFAULT_MAX_BYTES)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

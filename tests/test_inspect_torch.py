@@ -63,6 +63,8 @@ def artifacts(tmp_path_factory) -> Path:
     evaluated, opt = train(3, eval_mode=True)
     torch.save({"model": evaluated.state_dict(), "optimizer": opt.state_dict(), "epoch": 3},
                root / "eval_mode.ckpt")
+    # the same, the state dict alone: gamma/beta moved are the only evidence of training
+    torch.save(evaluated.state_dict(), root / "eval_mode_weights.pt")
     # statistics reset after training (num_batches_tracked stays 3)
     reset, _ = train(3)
     reset.bn.running_mean.zero_()
@@ -121,6 +123,18 @@ def test_eval_mode_training_leaves_stats_at_init(artifacts):
     assert artifact.notes == ["state dict under 'model'"]
     assert "optimizer state for 7 parameters ('optimizer')" in artifact.trained_evidence
     assert "running_mean is all 0 and running_var all 1" in result.findings[0].message
+
+
+def test_eval_mode_training_without_optimizer_state_is_still_bn201(artifacts):
+    """num_batches_tracked = 0 with gamma/beta moved off their per-layer constants: trained with
+    BN in eval mode, not untrained (the state dict holds no other evidence)."""
+    result = inspect_paths([str(artifacts / "eval_mode_weights.pt")])
+    assert [(f.code, f.layer) for f in result.findings] == [("BN201", "bn")]
+    (artifact,) = result.artifacts
+    assert artifact.trained and artifact.trained_evidence == (
+        "gamma/beta moved from their initial values (bn) while num_batches_tracked = 0")
+    untrained = inspect_paths([str(artifacts / "untrained.pt")]).artifacts[0]
+    assert untrained.trained is False  # constant gamma/beta: really untrained
 
 
 def test_reset_statistics_after_training(artifacts):
@@ -191,6 +205,7 @@ def test_cli_json_over_a_folder(artifacts):
         ("broken.pt", "BN207", "bn"),
         ("ddp.pt", "BN202", "bn"),
         ("eval_mode.ckpt", "BN201", "bn"),
+        ("eval_mode_weights.pt", "BN201", "bn"),
         ("frozen.pt", "BN202", "bn"),
         ("frozen.safetensors", "BN202", "bn"),
         ("reset.pt", "BN201", "bn"),
@@ -236,3 +251,37 @@ def test_cli_github_sarif_and_plot(artifacts, tmp_path):
     sarif = run_bnfix("inspect", str(artifacts / "reset.pt"), "--output-format", "sarif")
     results = json.loads(sarif.stdout)["runs"][0]["results"]
     assert [r["ruleId"] for r in results] == ["BN201"]
+
+
+# -- the project's configuration and rule selection -------------------------------------------
+
+
+def test_select_of_a_source_rule_is_a_usage_error(artifacts):
+    run = run_bnfix("inspect", "--select", "BN001", str(artifacts / "frozen.pt"))
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [(
+        "bnfix: --select BN001: BN001 is a source rule (run by `bnfix check`); inspect runs the "
+        "artifact rules BN201, BN202, BN203, BN204, BN205, BN206, BN207, BN208, BN902")]
+
+
+def test_project_configuration_applies(artifacts, tmp_path):
+    """[tool.bnfix] of the project: ignore, per-file-ignores and extend-exclude as `check` reads
+    them; a `select` naming only source rules leaves the artifact rules on."""
+    project = tmp_path / "project"
+    (project / "old").mkdir(parents=True)
+    (project / "excluded").mkdir()
+    for where in ("frozen.pt", "old/frozen.pt", "excluded/frozen.pt", "eval.ckpt"):
+        source = "eval_mode.ckpt" if where == "eval.ckpt" else "frozen.pt"
+        (project / where).write_bytes((artifacts / source).read_bytes())
+    (project / "pyproject.toml").write_text(
+        '[tool.bnfix]\nselect = ["BN0"]\nignore = ["BN207"]\nextend-exclude = ["excluded"]\n'
+        '[tool.bnfix.per-file-ignores]\n"old/*" = ["BN202"]\n"*.ckpt" = ["BN201"]\n')
+    run = run_bnfix("inspect", "--output-format", "json", ".", cwd=project)
+    assert run.returncode == 1, run.stderr
+    found = sorted((Path(record["filename"]).relative_to(project).as_posix(), record["code"])
+                   for record in json.loads(run.stdout))
+    assert found == [("frozen.pt", "BN202")], found
+    (project / "pyproject.toml").write_text('[tool.bnfix]\nper-file-ignores = {"x" = ["BN9999"]}\n')
+    bad = run_bnfix("inspect", ".", cwd=project)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, bad.stderr
+    assert "BN9999" in bad.stderr

@@ -17,7 +17,7 @@ from conftest import REPO, run_bnfix
 
 keras = pytest.importorskip("keras")
 
-from bnfix.keras import ConversionRefused, convert_sync, revert_sync
+from bnfix.keras import ConversionRefused, ConversionReport, convert_sync, revert_sync
 from bnfix.keras.convert import layer_paths
 
 pytestmark = pytest.mark.tf
@@ -42,6 +42,12 @@ def functional_model() -> keras.Model:
     return randomize(keras.Model(inputs, keras.layers.Dense(2, name="head")(h)))
 
 
+def converted(convert, model):  # type: ignore[no-untyped-def]
+    """(model, report) of one conversion through the `report=` argument."""
+    report = ConversionReport()
+    return convert(model, report=report), report
+
+
 def bn_layers(model: keras.Model) -> dict[str, keras.layers.BatchNormalization]:
     return {p: layer for p, layer in layer_paths(model).items()
             if isinstance(layer, keras.layers.BatchNormalization)}
@@ -57,7 +63,7 @@ def assert_same_weights(a: keras.Model, b: keras.Model) -> None:
 
 def test_functional_model_round_trip_keeps_weights_nesting_and_sharing():
     model = functional_model()
-    synced, report = convert_sync(model)
+    synced, report = converted(convert_sync, model)
     assert synced is not model and not report.in_place
     assert {p: bn.synchronized for p, bn in bn_layers(synced).items()} == {
         "block/inner_bn": True, "shared_bn": True}
@@ -71,7 +77,7 @@ def test_functional_model_round_trip_keeps_weights_nesting_and_sharing():
     x = np.random.default_rng(2).normal(size=(5, 3)).astype("float32")
     np.testing.assert_array_equal(model(x, training=False), synced(x, training=False))
 
-    plain, back = revert_sync(synced)
+    plain, back = converted(revert_sync, synced)
     assert all(not bn.synchronized for bn in bn_layers(plain).values())
     assert [(c.before, c.after) for c in back.converted] == [(True, False)] * 2
     assert_same_weights(model, plain)
@@ -82,17 +88,96 @@ def test_sequential_model_and_compile_state():
     model = randomize(keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
                                         keras.layers.BatchNormalization(name="bn")]))
     model.compile(optimizer="sgd", loss="mse")
-    synced, report = convert_sync(model)
+    synced, report = converted(convert_sync, model)
     assert isinstance(synced, keras.Sequential)
     assert synced.get_layer("bn").synchronized
     assert synced.compiled and synced.loss == "mse"
-    assert any("optimizer's state starts fresh" in note for note in report.notes)
+    assert any("the optimizer had no state yet" in note for note in report.notes)
     assert_same_weights(model, synced)
 
 
+def test_returns_the_model_as_a_drop_in():
+    """`model = convert_sync(model)`: the model comes back, not a tuple; the report is filled
+    through `report=` and collects several calls."""
+    model = functional_model()
+    synced = convert_sync(model)
+    assert isinstance(synced, keras.Model) and synced is not model
+    report = ConversionReport()
+    plain = revert_sync(convert_sync(model, report=report), report=report)
+    assert isinstance(plain, keras.Model)
+    assert [(c.before, c.after) for c in report.converted] == [(False, True)] * 2 + \
+        [(True, False)] * 2
+    subclassed = Subclassed()
+    subclassed(np.ones((2, 3), "float32"))
+    assert convert_sync(subclassed) is subclassed and subclassed.bn.synchronized
+
+
+def test_optimizer_state_is_carried_to_the_clone():
+    """A trained, compiled model: the clone's optimizer holds the same iteration count and
+    momenta, each slot on the clone of its variable."""
+    model = functional_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(8, 3)), rng.normal(size=(8, 2)), batch_size=4, epochs=2,
+              verbose=0)
+    synced, report = converted(convert_sync, model)
+    assert int(synced.optimizer.iterations.numpy()) == 4
+    assert any("optimizer state carried over" in note and "iterations = 4" in note
+               for note in report.notes)
+    for a, b in zip(model.optimizer.variables, synced.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    momenta = [v for v in synced.optimizer.variables if "momentum" in v.path]
+    assert momenta and any(np.any(v.numpy() != 0) for v in momenta)
+
+
+def ops_model() -> keras.Model:
+    """A functional graph with `keras.ops` nodes (Operations, not Layers), like
+    keras.applications.MobileNetV3Small's hard-swish."""
+    inputs = keras.Input((4, 4, 3))
+    h = keras.layers.Conv2D(4, 3, padding="same", name="conv")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    h = keras.ops.multiply(h, keras.ops.relu6(keras.ops.add(h, 3.0)) / 6.0)
+    return randomize(keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(h)))
+
+
+@pytest.mark.parametrize("build", [
+    ops_model,
+    lambda: keras.applications.MobileNetV3Small(weights=None, input_shape=(32, 32, 3),
+                                                classes=4),
+], ids=["keras-ops", "MobileNetV3Small"])
+def test_functional_models_with_keras_ops_nodes_convert_exactly(build):
+    model = build()
+    synced, report = converted(convert_sync, model)
+    assert report.converted and not report.refused
+    assert all(bn.synchronized for bn in bn_layers(synced).values())
+    x = np.random.default_rng(3).normal(size=(2, *model.input_shape[1:])).astype("float32")
+    np.testing.assert_array_equal(model(x, training=False), synced(x, training=False))
+    plain = revert_sync(synced)
+    assert not any(bn.synchronized for bn in bn_layers(plain).values())
+    np.testing.assert_array_equal(model(x, training=False), plain(x, training=False))
+
+
+def test_subclassed_model_built_outside_the_strategy_scope_is_refused():
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    outside = Subclassed()
+    outside(np.ones((2, 3), "float32"))
+    with strategy.scope(), pytest.raises(ConversionRefused,
+                                         match="built outside this tf.distribute strategy"):
+        convert_sync(outside)
+    assert not outside.bn.synchronized  # refused before anything changed
+    with strategy.scope():
+        inside = Subclassed()
+        inside(np.ones((2, 3), "float32"))
+        assert convert_sync(inside) is inside and inside.bn.synchronized
+        functional = convert_sync(functional_model())  # a clone: rebuilt under the scope
+    assert all(bn.synchronized for bn in bn_layers(functional).values())
+
+
 def test_already_synchronized_layers_are_reported_unchanged():
-    synced, _ = convert_sync(functional_model())
-    _, report = convert_sync(synced)
+    synced, _ = converted(convert_sync, functional_model())
+    _, report = converted(convert_sync, synced)
     assert report.converted == [] and report.unchanged == ["block/inner_bn", "shared_bn"]
     assert "0 of 2 BatchNormalization layers" in report.table()
 
@@ -113,7 +198,7 @@ def test_subclassed_model_is_converted_in_place_and_retraces():
     model.compile(loss="mse")
     model.predict(x, verbose=0)
     assert model.predict_function is not None
-    same, report = convert_sync(model)
+    same, report = converted(convert_sync, model)
     assert same is model and report.in_place
     assert model.bn.synchronized
     assert [(c.path, c.before, c.after, c.via) for c in report.converted] == [
@@ -132,7 +217,7 @@ def test_bn_subclass_overriding_moments_is_refused():
     inputs = keras.Input((3,))
     model = keras.Model(inputs, OwnMoments(name="own")(keras.layers.BatchNormalization(
         name="plain")(inputs)))
-    synced, report = convert_sync(model)
+    synced, report = converted(convert_sync, model)
     assert [r.path for r in report.refused] == ["own"]
     assert "overrides _moments()" in report.refused[0].reason
     assert not synced.get_layer("own").synchronized and synced.get_layer("plain").synchronized
@@ -149,16 +234,28 @@ def test_non_keras3_models_are_refused():
 
 @pytest.mark.slow
 def test_cli_converts_a_keras_file(tmp_path: Path):
-    functional_model().save(tmp_path / "m.keras")
+    """A trained, compiled model: the converted file keeps the optimizer state (the iteration
+    count `bnfix inspect` reads as the evidence of training), and no TF log line is printed."""
+    model = functional_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(8, 3)), rng.normal(size=(8, 2)), batch_size=4, epochs=1,
+              verbose=0)
+    model.save(tmp_path / "m.keras")
     run = run_bnfix("convert", "m.keras", "--to", "sync", "-o", "out.keras", cwd=tmp_path,
                     env=QUIET, timeout=300)
     assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
     assert "block/inner_bn" in run.stdout and "2 of 2 BatchNormalization layers" in run.stdout
     assert "max abs error 0" in run.stdout
+    assert "optimizer state carried over" in run.stdout and "iterations = 2" in run.stdout
     written = keras.saving.load_model(tmp_path / "out.keras")
     assert all(bn.synchronized for bn in bn_layers(written).values())
     assert_same_weights(keras.saving.load_model(tmp_path / "m.keras"), written)
+    assert int(written.optimizer.iterations.numpy()) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.keras", "out.keras"]
+    inspected = run_bnfix("inspect", "out.keras", cwd=tmp_path, env=QUIET)
+    assert "trained: optimizer iterations = 2" in inspected.stdout
 
 
 @pytest.mark.slow

@@ -37,8 +37,11 @@ def exported(tmp_path_factory) -> Path:
     return out
 
 
-def run(path: Path | str, x: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def run(path: Path | str, x: np.ndarray, optimize: bool = True) -> np.ndarray:
+    options = ort.SessionOptions()
+    if not optimize:  # onnxruntime's optimizer fixes a training-mode Dropout's mask
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return session.run(None, {session.get_inputs()[0].name: x})[0]
 
 
@@ -66,6 +69,37 @@ def test_inference_conversion_matches_the_eval_mode_export(exported, tmp_path):
     reference = run(exported / "train_mode_reference.onnx", x)  # torch's own eval export
     np.testing.assert_allclose(run(out, x), reference, atol=1e-5)
     assert np.max(np.abs(run(exported / "train_mode.onnx", x) - reference)) > 1e-2
+
+
+def test_inference_conversion_also_turns_off_dropout(exported, tmp_path):
+    """A training-mode export holds a Dropout with training_mode true: random on every run.
+    After --to inference, two runs are identical and equal torch's own eval export."""
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    source = exported / "dropout_train.onnx"
+    assert not np.array_equal(run(source, x, False), run(source, x, False))  # random
+    out = tmp_path / "inference.onnx"
+    summary = convert_onnx_file(str(source), "inference", str(out))
+    assert "Dropout training_mode -> inference (identity)" in summary
+    assert "two runs on the same inputs identical" in summary
+    dropouts = [n for n in onnx.load(str(out)).graph.node if n.op_type == "Dropout"]
+    assert dropouts and all(len(n.input) <= 2 and len(n.output) == 1 for n in dropouts)
+    np.testing.assert_array_equal(run(out, x, False), run(out, x, False))
+    np.testing.assert_allclose(run(out, x), run(exported / "dropout_reference.onnx", x),
+                               atol=1e-5)
+
+
+def test_inference_refused_when_random_nodes_remain(tmp_path):
+    """RandomNormalLike draws whatever the mode: no inference model can be made of it."""
+    model = gemm_bn_model(1, training=True)
+    graph = model.graph
+    graph.node.append(helper.make_node("RandomNormalLike", ["y"], ["noise"], name="noise"))
+    graph.node.append(helper.make_node("Add", ["y", "noise"], ["z"]))
+    graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 3]))
+    src, out = tmp_path / "random.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    with pytest.raises(ConversionError, match=r"draws random numbers in noise \(RandomNormalLike\)"):
+        convert_onnx_file(str(src), "inference", str(out))
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("name, producer", [("grouped_conv.onnx", "Conv, group=2"),

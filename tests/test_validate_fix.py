@@ -121,6 +121,90 @@ def test_the_environment_sitecustomize_still_runs_and_unrun_findings_are_not_obs
     assert document["symptoms"][0]["verdict"] == "not observable"
 
 
+# -- PATH is never changed; the project's configuration and check's line numbers -------------
+def _files(root: Path) -> dict[str, bytes]:
+    """Every regular file and link under root (links as their targets' text)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = ("-> " + os.readlink(path)).encode()
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+    return out
+
+
+def test_links_inside_path_never_lead_the_fix_outside_the_copies(tmp_path: Path):
+    """An absolute link to a file of PATH, a `../outside` link and an absolute link to a folder
+    outside: the original tree and the outside stay byte for byte; the command's `--opt=` and
+    bare absolute paths into PATH point into the copy."""
+    outside = write_tree(tmp_path / "outside", {"other.py": BN104_SOURCE})
+    project = _project(tmp_path / "p", """
+        import sys
+        print("ARGS", sys.argv[1:])
+    """)
+    (project / "abs_link.py").symlink_to(project / "model.py")
+    (project / "up_link.py").symlink_to(Path("..") / "outside" / "other.py")
+    (project / "data").symlink_to(outside)
+    before = {"project": _files(project), "outside": _files(outside)}
+    keep = tmp_path / "keep"
+    run = run_bnfix("validate", "fix", str(project), "--keep", str(keep), "--no-progress", "--",
+                    sys.executable, "main.py", f"--opt={project}/x", str(project))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+    assert {"project": _files(project), "outside": _files(outside)} == before
+    assert f"not copied: the link up_link.py -> ../outside/other.py leads outside {project}" \
+        in run.stdout
+    assert f"not copied: the link data -> {outside} leads outside {project}" in run.stdout
+    copy = keep / "fixed"
+    assert os.readlink(copy / "abs_link.py") == "model.py"  # relative, inside the copy
+    assert not (copy / "up_link.py").exists() and not (copy / "data").exists()
+    assert "bias=False" in (copy / "model.py").read_text()  # the fix stayed in the copy
+    printed = (keep / "original.stdout").read_text()
+    assert f"ARGS ['--opt={keep / 'original'}/x', '{keep / 'original'}']" in printed
+
+
+def test_keep_inside_path_is_refused(tmp_path: Path):
+    project = _project(tmp_path / "p", "pass\n")
+    run = run_bnfix("validate", "fix", str(project), "--keep", str(project / "out"), "--",
+                    sys.executable, "main.py")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [(
+        f"bnfix: validate fix: --keep {project / 'out'} is inside {project}, which is never "
+        "changed")]
+    assert not (project / "out").exists()
+
+
+def test_the_project_configuration_above_path_is_honoured(tmp_path: Path):
+    """PATH is a folder of a project whose [tool.bnfix] ignores BN104: nothing to fix, as
+    `bnfix check PATH` says."""
+    root = write_tree(tmp_path / "repo", {"pyproject.toml": '[tool.bnfix]\nignore = ["BN104"]\n'})
+    project = _project(root / "src", "pass\n")
+    assert run_bnfix("check", str(project)).returncode == 0
+    run = run_bnfix("validate", "fix", str(project), "--no-progress", "--", sys.executable,
+                    "main.py")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip().splitlines()[-1] == \
+        f"nothing to validate: bnfix fixed nothing in {project} (0 findings)"
+
+
+def test_fixed_findings_are_reported_at_checks_line_numbers(tmp_path: Path):
+    """The seed's BN002 is fixed in a later round than BN006, whose fix adds two lines above
+    it: validate fix reports it where `bnfix check` does."""
+    project = tmp_path / "seed"
+    project.mkdir()
+    shutil.copy(FIXTURES / "seed000" / "multi_gpu_train.py", project)
+    check = run_bnfix("check", "--output-format", "json", str(project))
+    rows = {(r["code"], r["location"]["row"]) for r in json.loads(check.stdout)}
+    out = tmp_path / "out.json"
+    run = run_bnfix("validate", "fix", str(project), "--json", str(out), "--no-progress", "--",
+                    sys.executable, "-c", "pass")
+    assert run.returncode == 0, run.stdout + run.stderr
+    document = json.loads(out.read_text())
+    fixed = {(f["code"], f["row"]) for f in document["fixed"]}
+    assert ("BN002", 115) in rows and fixed == rows
+
+
 # -- the fixtures, run for real ----------------------------------------------------------------
 JOBS = {
     "multi_gpu": ("seed000", ["python", "multi_gpu_train.py", "--num-gpus", "2", "--device",

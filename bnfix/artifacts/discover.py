@@ -1,13 +1,18 @@
 """Which artifacts the command-line paths name, and which reader each needs.
 
 Folders are walked; a SavedModel folder (it holds `saved_model.pb`) is one artifact, and so is a
-TF checkpoint (its `.index` and `.data-*` files). A path named explicitly whose extension says
-nothing is recognised by its first bytes.
+TF checkpoint (its `.index` and `.data-*` files) — with its `.meta` graph when `tf.train.Saver`
+wrote one: the graph reader reads the checkpoint's values, so each finding is reported once.
+A path named explicitly whose extension says nothing is recognised by its first bytes; a walked
+`.bin` only when it starts like a torch checkpoint (an ONNX model's external `weights.bin` is
+raw tensor data, not an artifact of its own). Excluded files (`exclude`, a predicate on paths:
+the project's `[tool.bnfix]` exclude patterns) are not walked into.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +37,15 @@ class Candidate:
     reader: str  # a key of bnfix.artifacts.read.READ, or "missing" / "unknown"
 
 
-def discover(paths: list[str]) -> tuple[list[Candidate], list[str]]:
+def discover(paths: list[str], exclude: Callable[[Path], bool] | None = None
+             ) -> tuple[list[Candidate], list[str]]:
     """Candidates in command-line order (folders sorted), and the folders that held none."""
     out: list[Candidate] = []
     empty: list[str] = []
     seen: set[str] = set()
     for raw in paths:
-        found = _walk(raw) if os.path.isdir(raw) and not _is_saved_model(raw) else [_one(raw)]
+        found = _walk(raw, exclude or _nothing) if os.path.isdir(raw) and \
+            not _is_saved_model(raw) else [_one(raw)]
         if not found:
             empty.append(raw)
         for candidate in found:
@@ -82,20 +89,42 @@ def _sniff(path: str) -> str:
     return "unknown"
 
 
-def _walk(folder: str) -> list[Candidate]:
+def _nothing(_path: Path) -> bool:
+    return False
+
+
+def _walk(folder: str, exclude: Callable[[Path], bool]) -> list[Candidate]:
     out: list[Candidate] = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and
+                   not exclude(Path(os.path.abspath(os.path.join(root, d))))]
         saved = [d for d in dirs if _is_saved_model(os.path.join(root, d))]
         out.extend(Candidate(os.path.join(root, d), "tf-graph") for d in saved)
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and d not in saved]
-        for name in sorted(files):
+        dirs[:] = [d for d in dirs if d not in saved]
+        names = {name for name in files if not exclude(Path(os.path.abspath(
+            os.path.join(root, name))))}
+        for name in sorted(names):
             path = os.path.join(root, name)
             if DATA_SUFFIX.search(name) or name == "checkpoint":
                 continue  # the checkpoint is found through its .index
             suffix = Path(name).suffix.lower()
             if suffix == ".index":
-                out.append(Candidate(path[: -len(".index")], "tf-checkpoint"))
+                if name[: -len(".index")] + ".meta" not in names:  # else read with its graph
+                    out.append(Candidate(path[: -len(".index")], "tf-checkpoint"))
+            elif suffix == ".bin":
+                if _starts_like_torch(path):
+                    out.append(Candidate(path, "torch"))
             elif suffix in WALKED:
                 out.append(Candidate(path, READERS[suffix]))
     return out
+
+
+def _starts_like_torch(path: str) -> bool:
+    from bnfix.artifacts.torch_reader import sniff_strict
+
+    try:
+        with open(path, "rb") as fh:
+            return sniff_strict(fh.read(8))
+    except OSError:
+        return True  # reported by the reader, with the reason

@@ -1,24 +1,42 @@
 """`bnfix inspect`: read each artifact into the IR, run the artifact rules, report.
 
 Reading is per artifact and never stops the run: an artifact that cannot be read (truncated,
-corrupt, not what its extension says, a refused pickle) is reported as BN902 with the reason.
+corrupt, forged sizes, not what its extension says, a refused pickle) is reported as BN902 with
+the reason; a bug of bnfix's own on one artifact is reported as an internal error naming it
+(exit 2 at the end), and the others are still inspected. Framework log lines are kept out of
+the output (`bnfix.artifacts.quiet`).
+
+The project's `[tool.bnfix]` applies as it does to `check`: `ignore`, `per-file-ignores` and
+`exclude`/`extend-exclude` as written; `select`/`extend-select` restrict the artifact rules
+when they name any (a `select` naming only source rules was written for `check`, and leaves
+inspect's rules alone). `--select` on the command line must name artifact rules.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 from bnfix.artifacts.discover import discover
+from bnfix.artifacts.limits import DEFAULT_MAX_BYTES, limited
 from bnfix.artifacts.model import Artifact, ArtifactError, ArtifactFinding
+from bnfix.artifacts.quiet import silenced_stderr
 from bnfix.artifacts.read import read_artifact
 from bnfix.checks.artifacts import run_checks
+from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook
 
 UNREADABLE = "BN902"
+TARGET = "artifact"
+
+
+class InspectUsageError(Exception):
+    """A selection or configuration inspect cannot honour: one line, exit 2."""
 
 
 @dataclass
@@ -26,44 +44,154 @@ class InspectResult:
     artifacts: list[Artifact] = field(default_factory=list)
     findings: list[ArtifactFinding] = field(default_factory=list)  # BN902 included
     empty: list[str] = field(default_factory=list)  # folders that held no artifact
+    internal: list[str] = field(default_factory=list)  # bnfix's own errors, one per artifact
+
+
+def check_selection(book: RuleBook, select: Sequence[str]) -> None:
+    """InspectUsageError for a command-line selector that names no artifact rule (a source
+    rule such as BN001 would otherwise select nothing, silently)."""
+    for selector in select:
+        try:
+            codes = book.expand([selector], target=None)
+        except RuleBookError as exc:
+            raise InspectUsageError(str(exc)) from None
+        if codes and not {c for c in codes if book.rules[c].target == TARGET}:
+            shown = ", ".join(sorted(codes)[:4]) + (", …" if len(codes) > 4 else "")
+            kind = "is a source rule" if len(codes) == 1 else "are source rules"
+            raise InspectUsageError(
+                f"--select {selector}: {shown} {kind} (run by `bnfix check`); inspect runs the "
+                "artifact rules "
+                f"{', '.join(sorted(book.expand(['ALL'], target=TARGET)))}")
 
 
 def enabled_codes(book: RuleBook, select: Sequence[str] | None = None,
-                  ignore: Sequence[str] = ()) -> frozenset[str]:
+                  ignore: Sequence[str] = (), settings: Settings | None = None) -> frozenset[str]:
     """The artifact rules a selection turns on (default: all); RuleBookError if unknown."""
-    codes = book.expand(list(select) if select is not None else ["ALL"], target="artifact")
-    return frozenset(codes - book.expand(list(ignore), target="artifact"))
+    if select is not None:
+        codes = book.expand(list(select), target=TARGET)
+    else:
+        codes = book.expand(["ALL"], target=TARGET)
+        if settings is not None:
+            chosen = book.expand(list(settings.select or []) + list(settings.extend_select),
+                                 target=TARGET)
+            if chosen:
+                codes = chosen
+    ignored = list(ignore) + list(settings.ignore if settings is not None else [])
+    return frozenset(codes - book.expand(ignored, target=TARGET))
+
+
+def ignored_for(settings: Settings, path: Path, book: RuleBook) -> frozenset[str]:
+    """Artifact codes `per-file-ignores` switches off for `path`: `Settings.ignored_for`'s
+    matching, expanded to artifact rules (it expands to source rules only)."""
+    if not settings.per_file_ignores:
+        return frozenset()
+    try:
+        rel = path.resolve().relative_to(settings.root.resolve()).as_posix()
+    except ValueError:
+        rel = path.as_posix()
+    out: set[str] = set()
+    for pattern, codes in settings.per_file_ignores.items():
+        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(path.name, pattern) or \
+                rel.startswith(pattern.rstrip("/") + "/"):
+            try:
+                out |= book.expand(codes, target=TARGET)
+            except RuleBookError as exc:
+                raise InspectUsageError(f"{settings.source}: per-file-ignores `{pattern}`: "
+                                        f"{exc}") from None
+    return frozenset(out)
+
+
+def _excluder(settings: Settings) -> Callable[[Path], bool] | None:
+    patterns = list(settings.exclude or []) + list(settings.extend_exclude)
+    if not patterns:
+        return None
+    from bnfix.files import _Exclude  # ruff's exclude semantics, as `check` applies them
+
+    return _Exclude(patterns, settings.root.resolve())
+
+
+def project_settings(paths: Sequence[str], config: str | None = None) -> Settings:
+    """`[tool.bnfix]` of the project the first path is in (or of `config`)."""
+    start = Path(paths[0]) if paths else Path.cwd()
+    try:
+        return load_settings(Path(config) if config else None, start)
+    except ConfigError as exc:
+        raise InspectUsageError(str(exc)) from None
 
 
 def inspect_paths(paths: Sequence[str], *, select: Sequence[str] | None = None,
-                  ignore: Sequence[str] = (), allow_pickle: bool = False) -> InspectResult:
+                  ignore: Sequence[str] = (), allow_pickle: bool = False,
+                  settings: Settings | None = None,
+                  max_tensor_bytes: int = DEFAULT_MAX_BYTES) -> InspectResult:
     """Read every artifact under `paths` and run the enabled artifact rules on it."""
-    enabled = enabled_codes(load_rulebook(), select, ignore)
-    candidates, empty = discover(list(paths))
+    book = load_rulebook()
+    enabled = enabled_codes(book, select, ignore, settings)
+    excluded = _excluder(settings) if settings is not None else None
+    candidates, empty = discover(list(paths), excluded)
     result = InspectResult(empty=empty)
     for candidate in candidates:
+        codes = enabled - (ignored_for(settings, Path(candidate.path), book)
+                           if settings is not None else frozenset())
         try:
-            artifact = read_artifact(candidate, allow_pickle)
+            with limited(max_tensor_bytes), silenced_stderr(expected=(ArtifactError,)):
+                artifact = _read(candidate, allow_pickle)
+                findings = run_checks(artifact, codes)
         except ArtifactError as exc:
-            if UNREADABLE in enabled:
+            if UNREADABLE in codes:
                 result.findings.append(ArtifactFinding(UNREADABLE, candidate.path, "", str(exc)))
             continue
+        except Exception as exc:  # noqa: BLE001 - bnfix's bug: reported, the run goes on
+            result.internal.append(f"{candidate.path}: internal error while inspecting it: "
+                                   f"{type(exc).__name__}: {_first_line(exc)}")
+            continue
         result.artifacts.append(artifact)
-        result.findings.extend(run_checks(artifact, enabled))
+        result.findings.extend(findings)
     return result
+
+
+def _read(candidate, allow_pickle: bool) -> Artifact:  # type: ignore[no-untyped-def]
+    """The reader, with the failures of malformed input that libraries raise as generic
+    errors turned into BN902 reasons."""
+    try:
+        return read_artifact(candidate, allow_pickle)
+    except RecursionError:
+        raise ArtifactError("nested too deeply to read (a malformed or hostile file)") from None
+    except MemoryError:
+        raise ArtifactError("reading it needs more memory than this machine gives: refused "
+                            "(lower what it declares, or raise --max-tensor-bytes)") from None
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"malformed: undecodable text ({exc.reason})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "no detail"
 
 
 def inspect_command(paths: Sequence[str], *, output_format: str = "full",
                     select: Sequence[str] | None = None, ignore: Sequence[str] = (),
                     plot: str | None = None, allow_pickle: bool = False,
-                    exit_zero: bool = False, stdout: TextIO | None = None,
+                    exit_zero: bool = False, config: str | None = None,
+                    max_tensor_bytes: int = DEFAULT_MAX_BYTES, stdout: TextIO | None = None,
                     stderr: TextIO | None = None) -> int:
-    """The CLI command: exit 0 clean, 1 findings (unreadable artifacts included), 2 usage."""
+    """The CLI command: exit 0 clean, 1 findings (unreadable artifacts included), 2 usage or an
+    internal error on some artifact (reported after the findings of the others)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     book = load_rulebook()
     try:
-        enabled_codes(book, select, ignore)
-    except RuleBookError as exc:
+        if select is not None:
+            check_selection(book, select)
+        if max_tensor_bytes <= 0:
+            raise InspectUsageError(f"--max-tensor-bytes must be positive, not {max_tensor_bytes}")
+        settings = project_settings(paths, config)
+        enabled_codes(book, select, ignore, settings)
+        for pattern, codes in settings.per_file_ignores.items():
+            try:
+                book.expand(codes, target=None)
+            except RuleBookError as exc:
+                raise InspectUsageError(f"{settings.source}: per-file-ignores `{pattern}`: "
+                                        f"{exc}") from None
+    except (InspectUsageError, RuleBookError, ConfigError) as exc:
         err.write(f"bnfix: {exc}\n")
         return 2
     if plot:
@@ -74,7 +202,12 @@ def inspect_command(paths: Sequence[str], *, output_format: str = "full",
         except ImportError:
             err.write("bnfix: --plot needs matplotlib (pip install matplotlib)\n")
             return 2
-    result = inspect_paths(paths, select=select, ignore=ignore, allow_pickle=allow_pickle)
+    try:
+        result = inspect_paths(paths, select=select, ignore=ignore, allow_pickle=allow_pickle,
+                               settings=settings, max_tensor_bytes=max_tensor_bytes)
+    except InspectUsageError as exc:
+        err.write(f"bnfix: {exc}\n")
+        return 2
     for folder in result.empty:
         err.write(f"bnfix: warning: no artifacts found under {folder}\n")
     out.write(render(output_format, result, book))
@@ -83,6 +216,10 @@ def inspect_command(paths: Sequence[str], *, output_format: str = "full",
 
         shown = plot_artifacts(result.artifacts, result.findings, plot)
         err.write(f"bnfix: wrote {plot} ({shown} artifact{'s' if shown != 1 else ''})\n")
+    for line in result.internal:
+        err.write(f"bnfix: {line} (a bug in bnfix: please report it)\n")
+    if result.internal:
+        return 2
     return 0 if exit_zero or not result.findings else 1
 
 

@@ -21,6 +21,7 @@ from bnfix.artifacts.model import Artifact, BNLayer, GraphFacts
 
 GRAPH_FIELDS = {f.name for f in fields(GraphFacts)}
 PAIRS = ("ema_shadows", "unfolded")  # lists of pairs; TOML gives them as lists of lists
+SETS = ("frozen_layers", "update_collection")  # sets; TOML gives them as lists
 
 
 def artifact_from_data(data: dict[str, Any]) -> Artifact:
@@ -47,6 +48,9 @@ def artifact_from_data(data: dict[str, Any]) -> Artifact:
         for key in PAIRS:
             if key in graph:
                 graph[key] = [tuple(pair) for pair in graph[key]]
+        for key in SETS:
+            if key in graph:
+                graph[key] = set(graph[key])
         artifact.graph = GraphFacts(**graph)
     return artifact
 

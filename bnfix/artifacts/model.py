@@ -49,6 +49,10 @@ class GraphFacts:
     # (producer node, BN node): Conv/Gemm directly followed by BN in an inference graph
     unfolded: list[tuple[str, str]] = field(default_factory=list)
     inference: bool = False        # a frozen/serving graph or an exported model
+    # BN layers whose gamma/beta the graph's trainable_variables collection leaves out
+    # (built with trainable=False), and the ops the UPDATE_OPS collection holds
+    frozen_layers: set[str] = field(default_factory=set)
+    update_collection: set[str] = field(default_factory=set)
 
 
 @dataclass

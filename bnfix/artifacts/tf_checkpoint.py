@@ -2,24 +2,32 @@
 
 Read with `tf.train.load_checkpoint`, which reads tensors and runs nothing from the file.
 Training evidence: a positive `global_step` / optimizer iteration count, or optimizer slot
-variables (Momentum, Adam) that are no longer zero.
+variables (Momentum, Adam) that are no longer zero — the smallest slots first, up to 4M values: a
+slot is as large as its variable, and reading all of them to learn one bit would read the model
+twice.
+Every tensor's declared shape is checked against the budget before it is read
+(`bnfix.artifacts.limits`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from bnfix.artifacts.grouping import TF2_SLOT, build_layers, clean_name, group_keys
+from bnfix.artifacts.grouping import TF2_SLOT, ShapeOf, build_layers, clean_name, group_keys
+from bnfix.artifacts.limits import check_elements
 from bnfix.artifacts.model import Artifact, ArtifactError, short_reason
 
 STEP_NAMES = ("global_step", "iter", "iterations", "_iterations")  # TF1, then optimizer counters
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 SLOT = re.compile(r"/(Momentum|Adam|Adam_1|RMSProp|RMSProp_1|Adagrad|Ftrl|Ftrl_1)$")
 DATA_SUFFIX = re.compile(r"\.data-\d{5}-of-\d{5}$")
+SLOT_VALUES_READ = 1 << 22  # optimizer slot values read for training evidence, smallest first
 
 
 def checkpoint_prefix(path: str) -> str | None:
@@ -53,13 +61,7 @@ def read_tf_checkpoint(path: str) -> Artifact:
         shapes = reader.get_variable_to_shape_map()
     except (tf.errors.OpError, ValueError) as exc:
         raise ArtifactError(f"unreadable TF checkpoint: {short_reason(exc)}") from exc
-
-    def fetch(key: str) -> np.ndarray:
-        try:
-            return np.asarray(reader.get_tensor(key))
-        except (tf.errors.OpError, ValueError) as exc:
-            raise ArtifactError(f"unreadable tensor `{key}`: {short_reason(exc)}") from exc
-
+    fetch, shape_of = tensor_access(reader)
     artifact = Artifact(path=prefix, kind="tf-checkpoint")
     keys = sorted(k for k in shapes if k != OBJECT_GRAPH)
     names: dict[str, str] = {}
@@ -72,10 +74,62 @@ def read_tf_checkpoint(path: str) -> Artifact:
         full = full_names.get(group.keys["mean"], "")
         if "/" in full:
             names[group.name] = full.rpartition("/")[0]
-    artifact.layers = build_layers(groups, fetch, "tf", names)
-    _trained(keys, fetch, artifact)
+    artifact.layers = build_layers(groups, fetch, "tf", names, shape_of=shape_of)
+    evidence = training_evidence(reader)
+    if evidence is not None:
+        artifact.trained, artifact.trained_evidence = evidence
     return artifact
 
+
+def tensor_access(reader: Any) -> tuple[Callable[[str], np.ndarray], ShapeOf]:
+    """(fetch, shape_of) over a CheckpointReader: `fetch` checks the declared size first."""
+    import tensorflow as tf
+
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+
+    def shape_of(key: str) -> tuple[tuple[int, ...], int]:
+        dtype = dtypes.get(key)
+        width = dtype.size if dtype is not None and dtype.size else 8
+        return tuple(int(d) for d in shapes.get(key, ())), width
+
+    def fetch(key: str) -> np.ndarray:
+        shape, width = shape_of(key)
+        check_elements(f"`{key}`", int(np.prod(shape, dtype=np.int64)), width)
+        try:
+            return np.asarray(reader.get_tensor(key))
+        except (tf.errors.OpError, ValueError) as exc:
+            raise ArtifactError(f"unreadable tensor `{key}`: {short_reason(exc)}") from exc
+
+    return fetch, shape_of
+
+
+def training_evidence(reader: Any) -> tuple[bool, str] | None:
+    """(trained, evidence) from a checkpoint's step counters and optimizer slots; None when
+    it holds neither."""
+    fetch, shape_of = tensor_access(reader)
+    keys = sorted(k for k in reader.get_variable_to_shape_map() if k != OBJECT_GRAPH)
+    found: tuple[bool, str] | None = None
+    for key in keys:
+        name = clean_name(key)
+        if _is_step(name) and shape_of(key)[0] in ((), (1,)):
+            value = fetch(key)
+            if np.issubdtype(value.dtype, np.number):
+                steps = int(value.reshape(()))
+                found = (steps > 0, f"{name} = {steps}")
+                if steps > 0:
+                    return found
+    slots = [k for k in keys if TF2_SLOT in k or SLOT.search(clean_name(k))]
+    sizes = {k: int(np.prod(shape_of(k)[0], dtype=np.int64)) for k in slots}
+    read = 0
+    for key in sorted(slots, key=sizes.__getitem__):
+        read += sizes[key]
+        if read > SLOT_VALUES_READ:
+            break
+        value = fetch(key)
+        if np.issubdtype(value.dtype, np.number) and np.any(value != 0):
+            return True, f"optimizer slot `{clean_name(key)}` is non-zero"
+    return found
 
 
 def _full_names(serialized: bytes) -> dict[str, str]:
@@ -95,23 +149,3 @@ def _full_names(serialized: bytes) -> dict[str, str]:
 def _is_step(name: str) -> bool:
     head, _, leaf = name.rpartition("/")
     return leaf == "global_step" or (leaf in STEP_NAMES and head.startswith("optimizer"))
-
-
-def _trained(keys: list[str], fetch, artifact: Artifact) -> None:  # type: ignore[no-untyped-def]
-    for key in keys:
-        name = clean_name(key)
-        if _is_step(name):
-            value = fetch(key)
-            if value.size == 1 and np.issubdtype(value.dtype, np.number):
-                steps = int(value.reshape(()))
-                artifact.trained = steps > 0
-                artifact.trained_evidence = f"{name} = {steps}"
-                if steps > 0:
-                    return
-    for key in keys:
-        if TF2_SLOT in key or SLOT.search(clean_name(key)):
-            value = fetch(key)
-            if np.issubdtype(value.dtype, np.number) and np.any(value != 0):
-                artifact.trained = True
-                artifact.trained_evidence = f"optimizer slot `{clean_name(key)}` is non-zero"
-                return

@@ -191,7 +191,21 @@ def update_ops_unreachable(artifact: Artifact) -> Iterable[ArtifactFinding]:
             "BN203", artifact.path, layer,
             f"{layer}: its update ops ({_listed(ops)}) are not reachable from the train op "
             f"`{graph.train_ops[0]}`, so {_listed(variables)} never change in training: "
-            "build the train op under tf.control_dependencies(tf.get_collection(UPDATE_OPS)) "
+            + _unreachable_cause(graph, layer, ops))
+
+
+def _unreachable_cause(graph, layer: str, ops: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """The advice the graph's evidence points to: a BN built with trainable=False publishes no
+    update ops to UPDATE_OPS (BN001: no control dependency would run them); update ops in the
+    collection that the train op does not depend on are BN003's missing control dependency."""
+    if layer in graph.frozen_layers:
+        return ("its gamma/beta are not trainable variables (built with trainable=False), and "
+                "such a BN adds no update ops to UPDATE_OPS, so no control dependency on the "
+                "collection would run them: build it with trainable=True (BN001)")
+    if graph.update_collection and not set(ops) & graph.update_collection:
+        return ("they are not in the UPDATE_OPS collection either (a Keras 3 BN in a TF1 graph, "
+                "BN011, or updates_collections=None misused): run them with the train op")
+    return ("build the train op under tf.control_dependencies(tf.get_collection(UPDATE_OPS)) "
             "(BN003)")
 
 

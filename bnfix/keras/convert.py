@@ -6,21 +6,28 @@ replicas of the current `tf.distribute` strategy); the variables and their aggre
 depend on it. So the flag can be changed on a built layer and takes effect at the next trace:
 subclassed models (which `clone_model` cannot rebuild) are converted in place, with their
 compiled train/test/predict functions dropped so they retrace. Functional and Sequential models
-(nested ones included) are cloned with `clone_model(recursive=True)` — each BN rebuilt from its
-config with the new flag, so it is saved with the model — and every layer's weights (moving
-statistics included) are copied from the layer it was cloned from; a layer used twice stays one
-layer. BN layers inside a custom layer that `clone_model` treats as a leaf are set in place in the
-clone ("attribute" in the report: whether they survive saving depends on that layer's config).
+(nested ones included, `keras.ops` nodes too) are cloned with `clone_model(recursive=True)` —
+each BN rebuilt from its config with the new flag, so it is saved with the model — and every
+layer's weights (moving statistics included) are copied from the layer it was cloned from; a
+layer used twice stays one layer. A compiled model's clone is compiled the same way and its
+optimizer state (iteration count, momenta) is carried over. BN layers inside a custom layer that
+`clone_model` treats as a leaf are set in place in the clone ("attribute" in the report: whether
+they survive saving depends on that layer's config).
+
+Both functions return the model (the clone, or the model itself when converted in place), so
+`model = bnfix.keras.convert_sync(model)` is a drop-in; what was done goes into `report=`.
 
 Refused: BN subclasses that override `_moments` (where synchronization happens), models that
-are not Keras 3 models, and `synchronized=True` on a backend other than TensorFlow. Keras
-ignores `synchronized` for masked inputs: those statistics stay per replica.
+are not Keras 3 models, `synchronized=True` on a backend other than TensorFlow, and a model
+converted in place under a `tf.distribute` strategy whose variables were created outside that
+strategy's scope (Keras would fail in `fit` with a bare AssertionError). Keras ignores
+`synchronized` for masked inputs: those statistics stay per replica.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any
 
 import keras
 from keras.src.models.functional import Functional
@@ -32,19 +39,17 @@ class ConversionRefused(ValueError):
     """The model as a whole cannot be converted faithfully."""
 
 
-class KerasConversion(NamedTuple):
-    model: keras.Model
-    report: ConversionReport
+def convert_sync(model: keras.Model, *, report: ConversionReport | None = None) -> keras.Model:
+    """Every BatchNormalization in `model` → `synchronized=True`; returns the converted model
+    (a clone for Functional/Sequential models, `model` itself for subclassed ones). What was
+    converted, left alone and refused is added to `report` when one is given."""
+    return _convert(model, True, report if report is not None else ConversionReport())
 
 
-def convert_sync(model: keras.Model) -> KerasConversion:
-    """Every BatchNormalization in `model` → `synchronized=True`; returns (model, report)."""
-    return _convert(model, True)
-
-
-def revert_sync(model: keras.Model) -> KerasConversion:
-    """Every BatchNormalization in `model` → `synchronized=False`; returns (model, report)."""
-    return _convert(model, False)
+def revert_sync(model: keras.Model, *, report: ConversionReport | None = None) -> keras.Model:
+    """Every BatchNormalization in `model` → `synchronized=False`; returns the model, as
+    `convert_sync` does."""
+    return _convert(model, False, report if report is not None else ConversionReport())
 
 
 def layer_paths(model: keras.Layer) -> dict[str, keras.Layer]:
@@ -73,7 +78,32 @@ def _refusal(layer: keras.layers.BatchNormalization) -> str | None:
     return None
 
 
-def _convert(model: keras.Model, synchronized: bool) -> KerasConversion:
+def _active_strategy() -> Any | None:
+    """The tf.distribute strategy whose scope we are in (None: the default one)."""
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+
+
+def _strategy_of(variable: Any) -> Any | None:
+    return getattr(getattr(variable, "value", None), "_distribute_strategy", None)
+
+
+def _check_in_place(model: keras.Model) -> None:
+    """A model changed in place keeps its variables: under a strategy they must be its."""
+    strategy = _active_strategy()
+    if strategy is None or not model.weights:
+        return
+    outside = [v.path for v in model.weights if _strategy_of(v) is not strategy]
+    if outside:
+        raise ConversionRefused(
+            f"{type(model).__name__} was built outside this tf.distribute strategy's scope "
+            f"({len(outside)} of its {len(model.weights)} variables, e.g. `{outside[0]}`, are "
+            "not mirrored), and a subclassed model cannot be rebuilt by bnfix: create (or load) "
+            "it inside `with strategy.scope():`, then convert it there")
+
+
+def _convert(model: keras.Model, synchronized: bool, report: ConversionReport) -> keras.Model:
     if not isinstance(model, keras.Model):
         raise ConversionRefused(
             f"{type(model).__module__}.{type(model).__name__} is not a Keras 3 model "
@@ -82,13 +112,15 @@ def _convert(model: keras.Model, synchronized: bool) -> KerasConversion:
         raise ConversionRefused(f"{type(model).__name__}: synchronized=True needs the TensorFlow "
                                 f"backend (this is {keras.backend.backend()})")
     before = layer_paths(model)
-    if type(model) in (Functional, keras.Sequential):
-        result = _clone(model, synchronized)
-        notes, in_place = _carry_compile(model, result), False
+    in_place = type(model) not in (Functional, keras.Sequential)
+    if in_place:
+        _check_in_place(model)
+        result = model
     else:
-        result, notes, in_place = model, [], True
-    report = ConversionReport(synchronized, in_place, notes=notes)
+        result = _clone(model, synchronized, report)
+    report.synchronized, report.in_place = synchronized, in_place
     seen: dict[int, int] = {}  # layer id -> its index in report.converted
+    start = len(report.converted)
     for path, layer in layer_paths(result).items():
         if not isinstance(layer, keras.layers.BatchNormalization):
             continue
@@ -108,35 +140,58 @@ def _convert(model: keras.Model, synchronized: bool) -> KerasConversion:
             seen[id(layer)] = len(report.converted)
             report.converted.append(LayerChange(path, type(layer).__name__, was, synchronized,
                                                 via))
-    if in_place and report.converted:
+    if in_place and len(report.converted) > start:
         # compiled functions traced the old flag
         model.train_function = model.test_function = model.predict_function = None
-    return KerasConversion(result, report)
+    return result
 
 
-def _clone(model: keras.Model, synchronized: bool) -> keras.Model:
+def _clone(model: keras.Model, synchronized: bool, report: ConversionReport) -> keras.Model:
     pairs: list[tuple[keras.Layer, keras.Layer]] = []
 
-    def clone_layer(layer: keras.Layer) -> keras.Layer:
+    def clone_layer(layer: Any) -> Any:
+        # `keras.ops` calls in a functional graph (Add, Multiply, ...) are Operations, not
+        # Layers: stateless, cloned from their config like Keras does by default.
         config = layer.get_config()
         if isinstance(layer, keras.layers.BatchNormalization) and _refusal(layer) is None:
             config["synchronized"] = synchronized
         clone = type(layer).from_config(config)
-        pairs.append((layer, clone))
+        if isinstance(layer, keras.Layer):
+            pairs.append((layer, clone))
         return clone
 
     result = keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
     for layer, clone in pairs:
         if layer.weights:
             clone.set_weights(layer.get_weights())
+    report.notes.extend(_carry_compile(model, result, pairs))
     return result
 
 
-def _carry_compile(model: keras.Model, clone: keras.Model) -> list[str]:
-    """Compile the clone as the original was (clone_model returns it uncompiled)."""
+def _carry_compile(model: keras.Model, clone: keras.Model,
+                   pairs: list[tuple[keras.Layer, keras.Layer]]) -> list[str]:
+    """Compile the clone as the original was (clone_model returns it uncompiled), and give its
+    optimizer the original's state: the slots of each variable go to that variable's clone."""
     config = model.get_compile_config() if getattr(model, "compiled", False) else None
     if not config:
         return []
     clone.compile_from_config(config)
-    return [("compiled like the original (loss, metrics, optimizer settings); the optimizer's "
-            "state starts fresh")]
+    settings = "compiled like the original (loss, metrics, optimizer settings)"
+    old = getattr(model, "optimizer", None)
+    if old is None or not getattr(old, "built", False):
+        return [f"{settings}; the optimizer had no state yet"]
+    twin = {id(v): c for layer, copy in pairs for v, c in zip(layer.weights, copy.weights,
+                                                               strict=True)}
+    tracked = old._trainable_variables
+    if any(id(v) not in twin for v in tracked):
+        return [(f"{settings}; the optimizer's state starts fresh (it tracks variables the "
+                 "clone does not have)")]
+    new = clone.optimizer
+    new.build([twin[id(v)] for v in tracked])
+    if len(new.variables) != len(old.variables) or any(
+            tuple(a.shape) != tuple(b.shape) for a, b in zip(new.variables, old.variables)):
+        return [f"{settings}; the optimizer's state starts fresh (its variables do not line up)"]
+    for target, source in zip(new.variables, old.variables, strict=True):
+        target.assign(source.value)
+    return [(f"{settings}; optimizer state carried over ({len(old.variables)} variables, "
+             f"iterations = {int(old.iterations.numpy())})")]

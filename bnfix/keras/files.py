@@ -3,30 +3,27 @@
 The check: the written file is loaded back; its BN flags must be the converted ones and its
 eval-mode outputs on a random batch must equal the original's (BN in inference mode does not
 depend on `synchronized`, so any difference is a lost weight). The output appears only after the
-check passed (temporary file in the output's folder, then `os.replace`). A model without BN is an
-error: nothing is written, so a pipeline cannot mistake a copy for a conversion.
+check passed (`bnfix.convert.atomic_output`). A model without BN is an error, and so is one
+with a BN layer the conversion refused: nothing is written, so a pipeline cannot mistake a copy
+for a conversion. A compiled model keeps its optimizer state (iteration count, momenta):
+`bnfix inspect` reads the iteration count as the evidence that a checkpoint was trained.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
 
 import keras
 import numpy as np
 
-from bnfix.convert import ConversionError
-from bnfix.keras.convert import (
-    ConversionRefused,
-    KerasConversion,
-    convert_sync,
-    layer_paths,
-    revert_sync,
-)
+from bnfix.artifacts.limits import check_keras_archive as check_archive
+from bnfix.artifacts.model import ArtifactError
+from bnfix.convert import ConversionError, atomic_output
+from bnfix.keras.convert import ConversionRefused, convert_sync, layer_paths, revert_sync
+from bnfix.keras.report import ConversionReport
 
 TOLERANCE = 1e-6  # relative to the largest output magnitude (at least 1)
 
@@ -39,11 +36,11 @@ def convert_keras_file(path: str, to: str, output: str) -> str:
         raise ConversionError(f"{output}: the output must be a .keras file")
     original = _load(path)
     convert = convert_sync if to == "sync" else revert_sync
+    report = ConversionReport()
     try:
-        conversion = convert(original)
+        converted = convert(original, report=report)
     except ConversionRefused as exc:
         raise ConversionError(f"refused: {exc}") from exc
-    report = conversion.report
     if report.bn_layers == 0:
         raise ConversionError("no BatchNormalization layer in the model: nothing to convert, "
                               "nothing written")
@@ -52,7 +49,7 @@ def convert_keras_file(path: str, to: str, output: str) -> str:
         raise ConversionError(f"refused, nothing written: {reasons}")
     # an in-place conversion changed `original`: compare with a fresh load
     reference = _load(path) if report.in_place else original
-    error = _write_checked(conversion, reference, output)
+    error = _write_checked(converted, report, reference, output)
     return (f"{report.table()}\nCheck: the written model's eval-mode outputs equal the "
             f"original's on a random batch (max abs error {error:.3g}, tolerance "
             f"{TOLERANCE:g}).\nWrote {output}")
@@ -63,6 +60,10 @@ def _load(path: str) -> keras.Model:
         raise ConversionError("not a .keras file (a .keras model is a zip archive): corrupt or "
                               "another format")
     try:
+        check_archive(path)
+    except ArtifactError as exc:
+        raise ConversionError(str(exc)) from None
+    try:
         return keras.saving.load_model(path, compile=True, safe_mode=True)
     except Exception as exc:  # whatever the file makes Keras raise: one line for the user
         detail = str(exc).strip().splitlines()
@@ -70,25 +71,19 @@ def _load(path: str) -> keras.Model:
                               f"{detail[0] if detail else 'no detail'}") from exc
 
 
-def _write_checked(conversion: KerasConversion, reference: keras.Model, output: str) -> float:
-    folder = Path(output).resolve().parent
-    handle, temporary = tempfile.mkstemp(suffix=".keras", dir=folder, prefix=".bnfix-")
-    os.close(handle)
-    try:
-        conversion.model.save(temporary)
-        written = _load(temporary)
+def _write_checked(model: keras.Model, report: ConversionReport, reference: keras.Model,
+                   output: str) -> float:
+    with atomic_output(output, suffix=".keras") as temporary:
+        model.save(temporary)
+        written = _load(str(temporary))
         flags = {p: layer.synchronized for p, layer in layer_paths(written).items()
                  if isinstance(layer, keras.layers.BatchNormalization)}
-        lost = [c.path for c in conversion.report.converted if flags.get(c.path) != c.after]
+        lost = [c.path for c in report.converted if flags.get(c.path) != c.after]
         if lost:
-            raise ConversionError(f"synchronized={conversion.report.synchronized} did not survive "
+            raise ConversionError(f"synchronized={report.synchronized} did not survive "
                                   f"saving for {', '.join(lost)} (set in place on a layer whose "
                                   "config does not carry it): nothing written")
         error = _max_output_error(reference, written)
-        os.replace(temporary, output)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
     return error
 
 

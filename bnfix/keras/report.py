@@ -1,5 +1,5 @@
-"""What a Keras conversion did, layer by layer: the record `convert_sync` / `revert_sync` return
-and the CLI prints."""
+"""What a Keras conversion did, layer by layer: the record `convert_sync` / `revert_sync` fill
+when given `report=`, and the CLI prints."""
 
 from __future__ import annotations
 
@@ -26,8 +26,11 @@ class Refusal:
 
 @dataclass
 class ConversionReport:
-    synchronized: bool  # the target value of `synchronized`
-    in_place: bool  # True: the model itself was changed (subclassed models); False: a clone
+    """Pass one to `convert_sync(model, report=...)`; a report given to several calls collects
+    all of their records (`synchronized` and `in_place` describe the last call)."""
+
+    synchronized: bool | None = None  # the target value of `synchronized` (None: not run yet)
+    in_place: bool = False  # True: the model itself was changed (subclassed models); else a clone
     converted: list[LayerChange] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)  # BN layers already at the target
     refused: list[Refusal] = field(default_factory=list)
@@ -36,6 +39,11 @@ class ConversionReport:
     @property
     def bn_layers(self) -> int:
         return len(self.converted) + len(self.unchanged) + len(self.refused)
+
+    @property
+    def refused_everything(self) -> bool:
+        """BN layers were found and every one that needed converting was refused."""
+        return bool(self.refused) and not self.converted
 
     def table(self) -> str:
         """One line per layer, then the totals."""
@@ -47,7 +55,7 @@ class ConversionReport:
                          f"{change.before} -> {change.after}  [{change.via}]{also}")
         for refusal in self.refused:
             lines.append(f"  {refusal.path}  refused: {refusal.reason}")
-        target = "synchronized=True" if self.synchronized else "synchronized=False"
+        target = f"synchronized={self.synchronized}"
         where = "in place" if self.in_place else "in a copy of the model"
         total = (f"{len(self.converted)} of {self.bn_layers} BatchNormalization layers set to "
                  f"{target} {where}")
@@ -55,6 +63,8 @@ class ConversionReport:
             total += f"; {len(self.unchanged)} already were"
         if self.refused:
             total += f"; {len(self.refused)} refused"
+        if self.refused_everything:
+            total += " (nothing converted)"
         return "\n".join([*lines, total + ".", *self.notes])
 
     __str__ = table

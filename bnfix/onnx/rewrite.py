@@ -2,18 +2,17 @@
 
 Nothing is written unless the rewritten model passes `onnx.checker` and matches its reference
 under onnxruntime (see `bnfix.onnx.verify` for what each target is compared with); the output
-is written atomically (a temporary file in the output's folder, then `os.replace`).
+is written atomically (`bnfix.convert.atomic_output`: a temporary file in the output's folder,
+then `os.replace`; the umask's mode for a new file, the replaced file's own mode otherwise).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from bnfix.artifacts.model import ArtifactError
-from bnfix.convert import ConversionError
+from bnfix.convert import ConversionError, atomic_output
 from bnfix.onnx import fold, inference, verify
 from bnfix.onnx.external_data import load_model
 from bnfix.onnx.graph import GraphView, node_label
@@ -24,14 +23,19 @@ def _bn_count(model: Any) -> int:
 
 
 def _to_inference(model: Any, original: Any) -> tuple[list[str], Any]:
-    if not inference.training_mode_nodes(model.graph):
-        raise ConversionError("no BatchNormalization with training_mode=1: already an "
-                              "inference model, nothing written")
+    if not inference.has_training_behaviour(model.graph):
+        raise ConversionError("no BatchNormalization with training_mode=1 and no training-mode "
+                              "Dropout: already an inference model, nothing written")
     try:
         lines = inference.strip_training_mode(model)
         reference = verify.running_stats_reference(original)
     except ValueError as exc:
         raise ConversionError(f"refused: {exc}") from None
+    random = inference.random_nodes(model.graph)
+    if random:
+        names = ", ".join(f"{node_label(n)} ({n.op_type})" for n in random[:3])
+        raise ConversionError(f"refused: the model draws random numbers in {names}, so its "
+                              "outputs would still vary from run to run; nothing written")
     return lines, reference
 
 
@@ -57,18 +61,10 @@ def _to_folded(model: Any, original: Any) -> tuple[list[str], Any]:
 
 
 def _write_atomically(model: Any, output: str) -> None:
-    target = Path(output)
-    folder = target.resolve().parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(output) as temporary, temporary.open("wb") as f:
+        f.write(model.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def convert_onnx_file(path: str, to: str, output: str, *, tolerance: float | None = None,
@@ -94,6 +90,10 @@ def convert_onnx_file(path: str, to: str, output: str, *, tolerance: float | Non
         first = str(exc).strip().splitlines()[0]
         raise ConversionError(f"the rewritten model fails onnx.checker ({first}); "
                               "nothing written") from None
+    varying = verify.nondeterministic(model, seed)
+    if varying:
+        raise ConversionError(f"the rewritten model's outputs vary from run to run ({varying}): "
+                              "not an inference model; nothing written")
     comparison = verify.compare(reference, model, tolerance, samples, seed)
     if not comparison.ok:
         raise ConversionError(f"the rewritten model does not match its reference: "
@@ -102,7 +102,7 @@ def convert_onnx_file(path: str, to: str, output: str, *, tolerance: float | Non
     reference_name = "the original" if to == "folded" else \
         "BN on the stored running statistics"
     summary = [*lines,
-               (f"checked: onnx.checker ok; onnxruntime vs {reference_name}: "
-                f"{comparison.describe()}"),
+               (f"checked: onnx.checker ok; two runs on the same inputs identical; onnxruntime "
+                f"vs {reference_name}: {comparison.describe()}"),
                f"wrote {output} (BatchNormalization nodes: {before} -> {_bn_count(model)})"]
     return "\n".join(summary) + "\n"

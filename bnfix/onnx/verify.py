@@ -5,8 +5,12 @@ What "equal" means per target:
 - folded: the original model itself (same graph semantics, BN kept) -- folding only moves
   arithmetic, so outputs agree to float rounding;
 - inference: the original with every training-mode BN replaced by explicit arithmetic on its
-  *stored* running statistics, (x - mean) / sqrt(var + eps) * scale + B. The original itself
-  would not do: it normalizes with batch statistics, which is the behaviour being removed.
+  *stored* running statistics, (x - mean) / sqrt(var + eps) * scale + B, and every
+  training-mode Dropout by the identity. The original itself would not do: it normalizes with
+  batch statistics and drops random units, the behaviour being removed.
+A comparison with a random model proves nothing (two runs of it differ), so before comparing,
+the rewritten model is run twice on the same inputs, graph optimizations off, and must give
+bit-identical outputs.
 """
 
 from __future__ import annotations
@@ -58,11 +62,13 @@ def random_feeds(model: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _session(model: Any) -> Any:
+def _session(model: Any, optimize: bool = True) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
 
@@ -90,6 +96,20 @@ def compare(reference: Any, rewritten: Any, tolerance: float | None = None, samp
     return Comparison(worst, limit, samples, seed)
 
 
+def nondeterministic(model: Any, seed: int = 0) -> str:
+    """'' when two runs of `model` on the same inputs give identical outputs, else which output
+    differs and by how much. Graph optimizations are off: onnxruntime's optimizer turns a
+    training-mode Dropout into one fixed mask, which would pass for deterministic."""
+    session = _session(model, optimize=False)
+    feeds = random_feeds(model, np.random.default_rng(seed))
+    first, second = session.run(None, feeds), session.run(None, feeds)
+    for out, a, b in zip(session.get_outputs(), first, second):
+        a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if not np.array_equal(a64, b64, equal_nan=True):
+            return f"output {out.name!r} differs by up to {float(np.nanmax(np.abs(a64 - b64))):.3g}"
+    return ""
+
+
 def check(model: Any) -> None:
     """onnx.checker on the rewritten model (raises onnx.checker.ValidationError)."""
     import onnx
@@ -109,10 +129,17 @@ def running_stats_reference(original: Any) -> Any:
     ranks = {v.name: len(v.type.tensor_type.shape.dim)
              for v in [*inferred.graph.value_info, *inferred.graph.input]
              if v.type.tensor_type.HasField("shape")}
+    from bnfix.onnx.inference import training_dropouts
+
     view = GraphView.build(model.graph)
+    dropouts = {tuple(n.output) for n in training_dropouts(model.graph)}
     nodes = list(model.graph.node)
     del model.graph.node[:]
     for node in nodes:
+        if tuple(node.output) in dropouts:  # inference-mode Dropout: the identity
+            model.graph.node.append(helper.make_node("Identity", [node.input[0]],
+                                                     [node.output[0]]))
+            continue
         if node.op_type != "BatchNormalization" or not attr(node, "training_mode", 0):
             model.graph.node.append(node)
             continue

@@ -57,6 +57,8 @@ def _parse(path: Path, message: Any, what: str, text: bool) -> Any:
 
 
 def _from_meta_graph(meta: Any, kind: str, variable_pb2: Any) -> LoadedGraph:
+    from google.protobuf.message import DecodeError
+
     collections: dict[str, list[str]] = {}
     initializers: set[str] = set()
     for key, collection in meta.collection_def.items():
@@ -69,7 +71,12 @@ def _from_meta_graph(meta: Any, kind: str, variable_pb2: Any) -> LoadedGraph:
             names = []
             for raw in collection.bytes_list.value:
                 var = variable_pb2.VariableDef()
-                var.ParseFromString(raw)
+                try:
+                    var.ParseFromString(raw)
+                except DecodeError as exc:
+                    raise ArtifactError(f"malformed variable definition in the `{key}` "
+                                        f"collection: {' '.join(str(exc).split()) or 'DecodeError'}"
+                                        ) from None
                 names.append(var.variable_name.split(":", 1)[0])
                 if var.initializer_name:
                     initializers.add(var.initializer_name.split(":", 1)[0])

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from bnfix.artifacts.grouping import as_vector
 from bnfix.artifacts.model import Artifact, ArtifactError, BNLayer, GraphFacts
 from bnfix.tfgraph import facts
 from bnfix.tfgraph.graph_index import GraphIndex
@@ -44,13 +47,28 @@ def read_tf_graph(path: str) -> Artifact:
     )
     checkpoint = _Checkpoint(loaded.checkpoint)
     layers = _layers(bodies, checkpoint)
+    graph.update_collection = set(loaded.collections.get("update_ops", []))
+    if "trainable_variables" in loaded.collections:
+        trainable = set(loaded.collections["trainable_variables"])
+        graph.frozen_layers = {
+            layer.name for layer in layers
+            if any(role in layer.keys for role in ("gamma", "beta"))
+            and not any(layer.keys.get(role) in trainable for role in ("gamma", "beta"))}
     artifact = Artifact(path=path, kind=loaded.kind, layers=layers, graph=graph,
                         distributed=facts.is_distributed(index, updates))
     step = next((checkpoint.value(name) for name in sorted(global_steps)
                  if checkpoint.value(name) is not None), None)
-    if step is not None:
-        artifact.trained = int(step) > 0
-        artifact.trained_evidence = f"global_step = {int(step)}"
+    if step is not None and np.size(step) == 1:
+        artifact.trained = int(np.reshape(step, ())) > 0
+        artifact.trained_evidence = f"global_step = {int(np.reshape(step, ()))}"
+    elif checkpoint.reader is not None:
+        from bnfix.artifacts.tf_checkpoint import training_evidence
+
+        evidence = training_evidence(checkpoint.reader)
+        if evidence is not None:
+            artifact.trained, artifact.trained_evidence = evidence
+    if loaded.checkpoint is not None:
+        artifact.notes.append(f"values from the checkpoint {Path(loaded.checkpoint).name}")
     return artifact
 
 
@@ -90,9 +108,13 @@ class _Checkpoint:
             raise ArtifactError(f"cannot read the checkpoint {prefix}: {message}") from exc
 
     def value(self, name: str) -> Any:
+        """The stored value of `name` (its declared size checked first), or None."""
         if self.reader is None or not self.reader.has_tensor(name):
             return None
-        return self.reader.get_tensor(name)
+        from bnfix.artifacts.tf_checkpoint import tensor_access
+
+        fetch, _ = tensor_access(self.reader)
+        return fetch(name)
 
 
 def _layers(bodies: list[GraphIndex], checkpoint: _Checkpoint) -> list[BNLayer]:
@@ -116,7 +138,7 @@ def _layers(bodies: list[GraphIndex], checkpoint: _Checkpoint) -> list[BNLayer]:
     for layer in layers.values():
         for role, key in layer.keys.items():
             if getattr(layer, role) is None:
-                setattr(layer, role, checkpoint.value(key))
+                setattr(layer, role, as_vector(checkpoint.value(key)))
     return list(layers.values())
 
 
@@ -142,7 +164,7 @@ def _add_fused(layers: dict[str, BNLayer], body: GraphIndex, bn: str) -> None:
         if role not in layer.keys and (facts.role_of(src) or value is not None):
             layer.keys[role] = body.qualified(src)
         if value is not None and getattr(layer, role) is None:
-            setattr(layer, role, value)
+            setattr(layer, role, as_vector(value))
 
 
 def describe(artifact: Artifact) -> str:

@@ -119,6 +119,12 @@ class Validation:
     synced: RunComparison
     unsynced: RunComparison
     seconds: dict[str, float]
+    # Measured rounding noise, when a runner provides it (see bnfix.validate.rounding): runs
+    # equal to the reference in exact arithmetic, every run on step 1 alone, and the synced
+    # run against the reference again in float64 when float32 differed by more than rounding.
+    noise: RunComparison | None = None
+    first_step: dict[str, RunComparison] | None = None
+    float64: dict[str, RunComparison] | None = None
 
     @property
     def failures(self) -> list[str]:
@@ -126,6 +132,10 @@ class Validation:
         found = [f"conversion {f.name}: max rel error {f.max_rel:.1e}" for f in self.fidelity
                  if not f.max_rel <= self.tolerance]
         found += [f"conversion {f.name}: {f.problem}" for f in self.fidelity if f.problem]
+        if self.noise is not None:
+            from bnfix.validate.rounding import synced_failures
+
+            return found + synced_failures(self)
         found += [f"synced training, {layer.layer}: max rel error {layer.max_rel:.1e}"
                   for layer in self.synced.layers if not layer.max_rel <= self.tolerance]
         return found
@@ -140,6 +150,13 @@ class Validation:
                 **data, "failures": self.failures}
         for run in ("synced", "unsynced"):
             data[run]["max_rel"] = getattr(self, run).max_rel
+        for optional in ("noise", "first_step", "float64"):
+            if data[optional] is None:
+                del data[optional]
+        if self.noise is not None:
+            from bnfix.validate.rounding import json_fields
+
+            data.update(json_fields(self))
         return data
 
     @classmethod
@@ -154,8 +171,12 @@ class Validation:
 
         fidelity = tuple(Fidelity(**{**f, "refused": tuple(Refusal(**r) for r in f["refused"])})
                          for f in data["fidelity"])
+        first, confirm = data.get("first_step"), data.get("float64")
         return cls(data["kind"], data["model"], data["settings"], data["tolerance"], fidelity,
-                   run(data["synced"]), run(data["unsynced"]), data["seconds"])
+                   run(data["synced"]), run(data["unsynced"]), data["seconds"],
+                   run(data["noise"]) if data.get("noise") else None,
+                   {name: run(raw) for name, raw in first.items()} if first else None,
+                   {name: run(raw) for name, raw in confirm.items()} if confirm else None)
 
 
 def tolerance_for(dtype: str, override: float | None) -> float:

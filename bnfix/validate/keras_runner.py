@@ -21,6 +21,9 @@ from bnfix.validate.side_by_side import check_arguments
 
 DEFAULT_DEVICES = 2
 LR = 0.1
+# The worker's deadline, in --timeout units: a Keras validation trains up to nine times (the
+# reference and its noise runs, synced, unsynced, and their float64 reruns); TF1's trains three.
+DEADLINE_TIMEOUTS = {"bnfix.validate.keras_worker": 6, "bnfix.validate.tf1_worker": 3}
 
 
 def run_in_worker(module: str, args: argparse.Namespace, devices: int | None,
@@ -36,7 +39,8 @@ def run_in_worker(module: str, args: argparse.Namespace, devices: int | None,
            "lr": args.lr if args.lr is not None else LR, "backend": args.backend,
            "tolerance": tolerance_for(args.dtype, args.tolerance), "timeout": args.timeout}
     progress.phase("starting TensorFlow")
-    result = run_worker(module, job, progress, 3 * args.timeout + 120)
+    result = run_worker(module, job, progress, DEADLINE_TIMEOUTS.get(module, 3) * args.timeout
+                        + 120)
     if not result.get("reporting", True):
         return NotReporting(int(result["exit_code"]))
     return Validation.from_json(result)

@@ -24,7 +24,7 @@ tf.config.set_logical_device_configuration(CPU, [tf.config.LogicalDeviceConfigur
 import keras
 import numpy as np
 
-from bnfix.keras import convert_sync
+from bnfix.keras import ConversionReport, convert_sync
 
 REPLICAS, PER_REPLICA, FEATURES, STEPS = 2, 4, 6, 3
 GLOBAL_BATCH = REPLICAS * PER_REPLICA
@@ -130,7 +130,8 @@ def main() -> None:
     moving = ["moving" in v.path for v in base.weights]
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
-        synced, report = convert_sync(base)
+        report = ConversionReport()
+        synced = convert_sync(base, report=report)
         unsynced = build()
         unsynced.set_weights(weights)
     reference = build()

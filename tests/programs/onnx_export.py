@@ -5,6 +5,8 @@
 - train_mode.onnx: Conv -> BN -> ReLU exported in training mode: BatchNormalization with
   training_mode=1 and three outputs (what `convert --to inference` fixes), and
   train_mode_reference.onnx: the same module exported in eval mode, the independent reference;
+- dropout_train.onnx / dropout_reference.onnx: Conv -> BN -> ReLU -> Dropout -> Linear in
+  training mode (Dropout with training_mode true: random on every run) and in eval mode;
 - grouped_conv.onnx, conv_transpose.onnx, linear.onnx: eval-mode Conv(groups=2)+BN,
   ConvTranspose(groups=2)+BN, Linear+BN1d, exported with BN kept (TrainingMode.PRESERVE,
   no constant folding: the exporter's own folding would remove the BN nodes under test).
@@ -46,6 +48,12 @@ def main(out: Path) -> None:
     export(train.train(), torch.randn(2, 3, 8, 8), out / "train_mode.onnx",
            torch.onnx.TrainingMode.TRAINING)
     export(train.eval(), torch.randn(2, 3, 8, 8), out / "train_mode_reference.onnx",
+           torch.onnx.TrainingMode.EVAL)
+    dropout = randomize_bn(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(),
+                                         nn.Flatten(), nn.Dropout(0.5), nn.Linear(144, 3)))
+    export(dropout.train(), torch.randn(2, 3, 8, 8), out / "dropout_train.onnx",
+           torch.onnx.TrainingMode.TRAINING)
+    export(dropout.eval(), torch.randn(2, 3, 8, 8), out / "dropout_reference.onnx",
            torch.onnx.TrainingMode.EVAL)
     preserve = torch.onnx.TrainingMode.PRESERVE
     models = {
