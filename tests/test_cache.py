@@ -77,3 +77,59 @@ def test_no_cache_flag_writes_nothing(tree):
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
     assert run_bnfix("check", "--no-cache", ".", cwd=root).returncode == 1
     assert not (root / ".bnfix_cache").exists()
+
+
+WRAPPER = """
+import tensorflow as tf
+
+
+def bn(x, is_training, trainable=True):
+    return tf.compat.v1.layers.batch_normalization(x, training=is_training, trainable={passed})
+"""
+TRAIN = """
+import tensorflow as tf
+
+from models.layers import bn
+
+
+def model(x):
+    return bn(x, is_training=True, trainable=False)
+"""
+UNRELATED = """
+import torch.nn as nn
+
+head = nn.BatchNorm2d(8, momentum=0.9)
+"""
+
+
+def test_editing_a_model_file_rechecks_its_users_and_nothing_else(tree, monkeypatch):
+    """A finding at a call site depends on the wrapper in another file: editing the wrapper
+    re-checks the wrapper and its caller (the finding appears), not an unrelated file."""
+    from bnfix.project.session import Worker
+
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
+                 "models/layers.py": WRAPPER.format(passed="True"), "train.py": TRAIN,
+                 "other.py": UNRELATED})
+    hour_ago = time.time_ns() - 3600 * 10**9  # not modified around the runs: stat is trusted
+    for path in root.rglob("*.py"):
+        os.utime(path, ns=(hour_ago, hour_ago))
+    checked: list[str] = []
+    original = Worker.check_file
+
+    def recording(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        checked.append(Path(path).relative_to(root).as_posix())
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "check_file", recording)
+    first = _lint(root)
+    assert sorted(d.code for d in first.remaining) == ["BN008"]
+    assert "other.py" in checked and "train.py" in checked
+    checked.clear()
+    assert sorted(d.code for d in _lint(root).remaining) == ["BN008"]
+    assert checked == [], "nothing changed: every file's findings come from the cache"
+    (root / "models" / "layers.py").write_text(WRAPPER.format(passed="trainable"))
+    os.utime(root / "models" / "layers.py", ns=(hour_ago + 10**9, hour_ago + 10**9))
+    third = _lint(root)
+    assert sorted((Path(d.path).name, d.code) for d in third.remaining) == [
+        ("other.py", "BN008"), ("train.py", "BN001")]
+    assert sorted(checked) == ["models/layers.py", "train.py"]
