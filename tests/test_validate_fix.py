@@ -148,8 +148,9 @@ def test_links_inside_path_never_lead_the_fix_outside_the_copies(tmp_path: Path)
     (project / "data").symlink_to(outside)
     before = {"project": _files(project), "outside": _files(outside)}
     keep = tmp_path / "keep"
-    run = run_bnfix("validate", "fix", str(project), "--keep", str(keep), "--no-progress", "--",
-                    sys.executable, "main.py", f"--opt={project}/x", str(project))
+    run = run_bnfix("validate", "fix", str(project), "--extend-select", "BN104", "--keep",
+                    str(keep), "--no-progress", "--", sys.executable, "main.py",
+                    f"--opt={project}/x", str(project))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
     assert {"project": _files(project), "outside": _files(outside)} == before
@@ -176,10 +177,13 @@ def test_keep_inside_path_is_refused(tmp_path: Path):
 
 
 def test_the_project_configuration_above_path_is_honoured(tmp_path: Path):
-    """PATH is a folder of a project whose [tool.bnfix] ignores BN104: nothing to fix, as
-    `bnfix check PATH` says."""
-    root = write_tree(tmp_path / "repo", {"pyproject.toml": '[tool.bnfix]\nignore = ["BN104"]\n'})
-    project = _project(root / "src", "pass\n")
+    """PATH is a folder of a project whose [tool.bnfix] ignores BN008 (a default rule with a
+    fix): nothing to fix, as `bnfix check PATH` says."""
+    root = write_tree(tmp_path / "repo", {"pyproject.toml": '[tool.bnfix]\nignore = ["BN008"]\n'})
+    project = write_tree(root / "src", {"model.py": "import torch.nn as nn\n"
+                                                    "bn = nn.BatchNorm2d(8, momentum=0.9)\n",
+                                        "main.py": "pass\n"})
+    assert run_bnfix("check", str(project), "--isolated").returncode == 1  # found without it
     assert run_bnfix("check", str(project)).returncode == 0
     run = run_bnfix("validate", "fix", str(project), "--no-progress", "--", sys.executable,
                     "main.py")

@@ -93,7 +93,8 @@ def test_a_run_where_every_bn_was_refused_says_so(tmp_path: Path) -> None:
     assert "refused every BN layer (2 refused, 0 converted)" in convert["problem"]
     assert report["verdict"] == "fail"
     assert report["failures"][0].startswith("conversion convert_sync: refused every BN layer")
-    assert "refused every BN layer" in run.stdout.split("verdict:")[0]
+    verdict = next(line for line in run.stdout.splitlines() if line.startswith("verdict:"))
+    assert verdict.startswith("verdict: FAIL: the conversion refused every BN layer")
     assert "PROBLEM" in next(line for line in run.stdout.splitlines()
                              if line.strip().startswith("convert_sync"))
 
