@@ -20,7 +20,8 @@ never stored.
 
 Plain JSON read as a regular file only (a FIFO planted there does not block), bounded, every
 entry checked for shape; a malformed file or entry is ignored. Written atomically, merged with
-what another run wrote meanwhile, entries of artifacts that no longer exist dropped.
+what another run wrote meanwhile; entries found stale, and those of artifacts none of whose files
+exist any more, are dropped.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class InspectCache:
         self.started_ns = time.time_ns()
         self.entries: dict[str, Entry] = _load(self.path) if read else {}
         self.changed: dict[str, Entry] = {}
+        self.stale: set[str] = set()  # entries whose files changed: dropped when saved
 
     @staticmethod
     def name(candidate: Candidate) -> str:
@@ -115,12 +117,13 @@ class InspectCache:
     def lookup(self, candidate: Candidate, codes: frozenset[str]) -> Entry | None:
         """The entry for `candidate` while its files are unchanged; None otherwise."""
         entry = self.entries.get(self.name(candidate))
-        if entry is None or entry.racy or entry.reader != candidate.reader or \
-                entry.shown != candidate.path or entry.codes != tuple(sorted(codes)):
+        if entry is None or entry.reader != candidate.reader or entry.shown != candidate.path \
+                or entry.codes != tuple(sorted(codes)):
             return None
-        if not {os.path.abspath(path) for path in listed(candidate)} <= entry.files.keys():
-            return None  # a file joined the artifact (a new shard, a checkpoint beside a .meta)
-        if any(stat(path) != before for path, before in entry.files.items()):
+        if entry.racy or any(stat(path) != before for path, before in entry.files.items()) or \
+                not {os.path.abspath(path) for path in listed(candidate)} <= entry.files.keys():
+            # changed, or a file joined the artifact (a new shard, a checkpoint beside a .meta)
+            self.stale.add(self.name(candidate))
             return None
         return entry
 
@@ -139,7 +142,7 @@ class InspectCache:
     def save(self) -> None:
         """Merge into what is on disk (another run may have written it) and replace it
         atomically; a folder that cannot be written means no cache, not a failure."""
-        if not self.changed:
+        if not self.changed and not self.stale:
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -147,8 +150,10 @@ class InspectCache:
             if not ignore.exists():
                 ignore.write_text("# created by bnfix\n*\n", encoding="utf-8")
             _clean_temporaries(self.folder)
-            entries = {name: entry for name, entry in {**_load(self.path), **self.changed}.items()
-                       if os.path.exists(name)}
+            merged = {**_load(self.path), **self.changed}
+            entries = {name: entry for name, entry in merged.items()
+                       if (name in self.changed or name not in self.stale)
+                       and any(os.path.exists(path) for path in entry.files)}
             payload = {"format": FORMAT, "entries": {k: _data(v) for k, v in entries.items()}}
             fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, dir=self.folder)
             try:

@@ -1,0 +1,274 @@
+"""The inspect cache (`bnfix.artifacts.cache`): a second run reports from it without reading or
+importing a framework; a change to any file of an artifact (a TF checkpoint's data shard
+included) re-reads exactly that artifact; racy entries are re-read; `--no-cache`; a corrupt
+cache file or entry is ignored; the key covers the rules, allow-pickle and the tensor budget;
+BN902 is cached unless its cause is the machine's; internal errors never are."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bnfix.artifacts import cache as inspect_cache
+from bnfix.artifacts import read
+from bnfix.artifacts.inspect import inspect_command, inspect_paths
+from conftest import REPO, run_bnfix
+
+torch = pytest.importorskip("torch")
+
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(REPO)}
+TF_SCRIPT = """
+import sys
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+with tf.Graph().as_default():
+    init = tf.compat.v1.constant_initializer
+    for name, value in (("gamma", 0.5), ("beta", 0.0), ("moving_mean", 0.0),
+                        ("moving_variance", 1.0)):
+        tf.compat.v1.get_variable("bn1/" + name, [2], initializer=init(value))
+    tf.compat.v1.get_variable("global_step", [], tf.int64, initializer=init(3))
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        saver.save(session, sys.argv[1] + "/model.ckpt", write_meta_graph=False)
+"""
+TF_PREFIX = "tf/model.ckpt"
+TF_DATA = "tf/model.ckpt.data-00000-of-00001"
+
+
+def _bn_state(mean: float, batches: int) -> dict:
+    return {"bn.weight": torch.ones(3), "bn.bias": torch.zeros(3),
+            "bn.running_mean": torch.full((3,), mean), "bn.running_var": torch.ones(3),
+            "bn.num_batches_tracked": torch.tensor(batches)}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """Three torch checkpoints (one flagged BN201), a garbage `.pt` (BN902) and a TF1
+    checkpoint (`.index` + `.data-*`, BN201)."""
+    pytest.importorskip("tensorflow")
+    root = tmp_path_factory.mktemp("pristine")
+    torch.save(_bn_state(0.0, 5), root / "stale.pt")
+    torch.save(_bn_state(0.25, 5), root / "healthy.pt")
+    torch.save(_bn_state(0.5, 7), root / "other.pt")
+    (root / "garbage.pt").write_bytes(b"not a checkpoint")
+    (root / "tf").mkdir()
+    subprocess.run([sys.executable, "-c", TF_SCRIPT, str(root / "tf")], check=True,
+                   env={**os.environ, **QUIET}, capture_output=True, timeout=300)
+    return root
+
+
+@pytest.fixture
+def runs(pristine: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A fresh copy of the artifacts. The racy window is closed (0 ns) so that files written
+    just now are trusted by stat: `test_a_racy_entry_is_read_again` keeps the real one."""
+    monkeypatch.setattr(inspect_cache, "RACY_NS", 0)
+    return Path(shutil.copytree(pristine, tmp_path / "runs"))
+
+
+def _inspect(folder: Path, cache: Path, **kwargs):
+    return inspect_paths([str(folder)], cache_dir=cache, **kwargs)
+
+
+def _concise(folder: Path, cache: Path, **kwargs) -> tuple[str, list[str]]:
+    result = _inspect(folder, cache, **kwargs)
+    lines = sorted(f"{f.path} {f.code} {f.layer} {f.message}" for f in result.findings)
+    return "\n".join(lines), sorted(result.cached)
+
+
+def _names(folder: Path, *names: str) -> list[str]:
+    return sorted(str(folder / name) for name in names)
+
+
+ALL = ("garbage.pt", "healthy.pt", "other.pt", "stale.pt", TF_PREFIX)
+
+
+def test_second_run_is_served_from_the_cache_without_importing_a_framework(runs, tmp_path):
+    cache = tmp_path / "cache"
+    out = io_inspect(runs, cache)
+    assert "cached (" not in out and "BN201" in out and "BN902" in out
+    assert list(cache.glob("inspect-*.json"))
+    # a new interpreter, every artifact cached: neither torch nor tensorflow is imported, and
+    # the output equals the cold run's except the header's `cached (read in …)`
+    script = ("import io, sys\n"
+              "from bnfix.artifacts.inspect import inspect_command\n"
+              "out = io.StringIO()\n"
+              "code = inspect_command([sys.argv[1]], cache=True, stdout=out, stderr=out)\n"
+              "from bnfix.artifacts import cache\n"
+              "print(code, sorted(m for m in ('torch', 'tensorflow', 'onnx', 'h5py')"
+              " if m in sys.modules))\n"
+              "print(out.getvalue(), end='')\n")
+    env = {**os.environ, **QUIET, "BNFIX_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-c", script, str(runs)], capture_output=True,
+                          text=True, env=env, timeout=120, check=True)
+    status, warm = proc.stdout.split("\n", 1)
+    assert status == "1 []", proc.stdout + proc.stderr
+    assert warm.count("cached (read in") == 4  # the tables: BN902 has none
+    assert _timeless(warm) == _timeless(out)
+    json_cold = io_inspect(runs, cache, output_format="json", cache_enabled=False)
+    assert io_inspect(runs, cache, output_format="json") == json_cold  # byte for byte
+
+
+def io_inspect(folder: Path, cache: Path, output_format: str = "full",
+               cache_enabled: bool = True) -> str:
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    old = os.environ.get("BNFIX_CACHE_DIR")
+    os.environ["BNFIX_CACHE_DIR"] = str(cache)
+    try:
+        inspect_command([str(folder)], output_format=output_format, cache=cache_enabled,
+                        stdout=out, stderr=err)
+    finally:
+        if old is None:
+            del os.environ["BNFIX_CACHE_DIR"]
+        else:
+            os.environ["BNFIX_CACHE_DIR"] = old
+    return out.getvalue()
+
+
+def _timeless(text: str) -> str:
+    return re.sub(r"cached \(read in \d+\.\d\d s\)|read in \d+\.\d\d s", "read", text)
+
+
+def test_a_change_to_one_file_of_a_tf_checkpoint_rereads_exactly_that_artifact(runs, tmp_path):
+    cache = tmp_path / "cache"
+    cold, cached = _concise(runs, cache)
+    assert cached == [] and "tf/model.ckpt BN201 bn1" in cold
+    assert _concise(runs, cache) == (cold, _names(runs, *ALL))
+    data = runs / TF_DATA
+    os.utime(data, ns=(time.time_ns(), data.stat().st_mtime_ns + 1_000_000))  # touched
+    assert _concise(runs, cache) == (cold, _names(runs, *ALL[:4]))
+    assert _concise(runs, cache)[1] == _names(runs, *ALL)  # re-read, cached again
+    # same size, the old modification time put back: the change time still tells
+    before = data.stat()
+    content = bytearray(data.read_bytes())
+    content[-1] ^= 0xFF
+    data.write_bytes(bytes(content))
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert _concise(runs, cache)[1] == _names(runs, *ALL[:4])
+    # a torch checkpoint rewritten with other values: re-read, and its new finding shown
+    torch.save(_bn_state(0.0, 7), runs / "other.pt")
+    warm, cached = _concise(runs, cache)
+    assert cached == _names(runs, *ALL[:2], *ALL[3:])
+    assert f"{runs}/other.pt BN201" in warm
+    # a shard appearing (the index names two now) or the index going away: not the cached one
+    (runs / "tf" / "model.ckpt.data-00001-of-00002").write_bytes(b"")
+    assert str(runs / TF_PREFIX) not in _concise(runs, cache)[1]
+
+
+def test_a_racy_entry_is_read_again(runs, tmp_path, monkeypatch):
+    """Files modified within 2 s of the run are stored racy: the next run re-reads them."""
+    from bnfix import cache as check_cache
+
+    monkeypatch.setattr(inspect_cache, "RACY_NS", check_cache.RACY_NS)
+    cache = tmp_path / "cache"
+    torch.save(_bn_state(0.5, 9), runs / "fresh.pt")  # written now: racy
+    _concise(runs, cache)
+    (stored,) = cache.glob("inspect-*.json")
+    entries = json.loads(stored.read_text())["entries"]
+    assert entries[str(runs / "fresh.pt")]["racy"] is True
+    assert str(runs / "fresh.pt") not in _concise(runs, cache)[1]
+    old = time.time_ns() - 10 * check_cache.RACY_NS
+    os.utime(runs / "fresh.pt", ns=(old, old))  # the change time stays recent: still racy
+    assert str(runs / "fresh.pt") not in _concise(runs, cache)[1]
+
+
+def test_no_cache_flag_and_plot_bypass_reading(runs, tmp_path, monkeypatch, capsys):
+    """The command line, in this process (torch is imported already): the cache goes to
+    .bnfix_cache/ in the project root (here: the working folder, no pyproject.toml)."""
+    from bnfix.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("BNFIX_CACHE_DIR", raising=False)
+    shutil.rmtree(runs / "tf")
+
+    def run(*flags: str) -> str:
+        assert main(["inspect", "runs", *flags]) == 1
+        return capsys.readouterr().out
+
+    plain = run("--no-cache")
+    assert not (tmp_path / ".bnfix_cache").exists()
+    first = run()
+    assert "cached (" not in first and list((tmp_path / ".bnfix_cache").glob("inspect-*"))
+    assert _timeless(first) == _timeless(plain)
+    assert run().count("cached (") == 3
+    assert "cached (" not in run("--no-cache")
+    pytest.importorskip("matplotlib")
+    assert "cached (" not in run("--plot", str(tmp_path / "bn.png"))
+    assert (tmp_path / "bn.png").stat().st_size > 0
+
+
+def test_a_corrupt_cache_file_or_entry_is_ignored(runs, tmp_path):
+    cache = tmp_path / "cache"
+    cold, _ = _concise(runs, cache)
+    (stored,) = cache.glob("inspect-*.json")
+    data = json.loads(stored.read_text())
+    # an entry with a wrong shape is a miss; the others are still served
+    data["entries"][str(runs / "stale.pt")]["findings"] = [["BN201", "x"]]
+    stored.write_text(json.dumps(data))
+    assert _concise(runs, cache) == (cold, _names(runs, *ALL[:3], TF_PREFIX))
+    for garbage in (b"{not json", b"[1, 2]", b'{"format": 1, "entries": 7}', b"\xff\xfe"):
+        stored.write_bytes(garbage)
+        assert _concise(runs, cache) == (cold, [])
+        assert json.loads(stored.read_text())["format"] == inspect_cache.FORMAT  # rewritten
+    stored.unlink()
+    os.mkfifo(stored)  # read only as a regular file: a FIFO there does not block the run
+    assert _concise(runs, cache) == (cold, [])
+
+
+def test_the_key_covers_rules_allow_pickle_and_the_budget(runs, tmp_path):
+    key = inspect_cache.cache_key
+    rules = frozenset({"BN201", "BN902"})
+    assert len({key(rules, False, 1 << 20), key(rules | {"BN202"}, False, 1 << 20),
+                key(rules, True, 1 << 20), key(rules, False, 1 << 21)}) == 4
+    cache = tmp_path / "cache"
+    _concise(runs, cache)
+    for options in ({"select": ["BN201"]}, {"max_tensor_bytes": 1 << 20},
+                    {"allow_pickle": True}):
+        assert _concise(runs, cache, **options)[1] == [], options
+        assert _concise(runs, cache, **options)[1] == _names(runs, *ALL), options
+    assert len(list(cache.glob("inspect-*.json"))) == 4
+
+
+def test_bn902_is_cached_unless_the_machine_caused_it_and_internal_errors_never(
+        runs, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    (runs / "tf").rename(tmp_path / "tf")  # torch only here
+    cold, _ = _concise(runs, cache)
+    assert "garbage.pt BN902" in cold
+    assert str(runs / "garbage.pt") in _concise(runs, cache)[1]  # the file's own fault: cached
+    healthy = runs / "healthy.pt"
+    os.utime(healthy, ns=(1, 1))  # a miss: read again by the readers below
+
+    def missing(path: str, allow_pickle: bool):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(read, "READ", {**read.READ, "torch": missing})
+    result = _inspect(runs, cache)
+    assert any(f.path == str(healthy) and "needs torch" in f.message for f in result.findings)
+    assert str(healthy) not in json.loads(next(cache.glob("inspect-*.json")).read_text())[
+        "entries"]  # forgotten: the package may be installed before the next run
+
+    def broken(path: str, allow_pickle: bool):
+        raise TypeError("an injected bug")
+
+    monkeypatch.setattr(read, "READ", {**read.READ, "torch": broken})
+    os.utime(healthy, ns=(2, 2))
+    result = _inspect(runs, cache)
+    assert result.internal == [f"{healthy}: internal error while inspecting it: TypeError: "
+                               "an injected bug"]
+    assert str(healthy) not in json.loads(next(cache.glob("inspect-*.json")).read_text())[
+        "entries"]
+    monkeypatch.undo()
+    monkeypatch.setattr(inspect_cache, "RACY_NS", 0)
+    assert str(healthy) not in _concise(runs, cache)[1]  # read for real, at last
+    assert str(healthy) in _concise(runs, cache)[1]
