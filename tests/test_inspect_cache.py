@@ -6,6 +6,7 @@ BN902 is cached unless its cause is the machine's; internal errors never are."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from bnfix.artifacts import cache as inspect_cache
 from bnfix.artifacts import read
 from bnfix.artifacts.inspect import inspect_command, inspect_paths
-from conftest import REPO, run_bnfix
 
 torch = pytest.importorskip("torch")
 
@@ -91,9 +92,11 @@ def _names(folder: Path, *names: str) -> list[str]:
 ALL = ("garbage.pt", "healthy.pt", "other.pt", "stale.pt", TF_PREFIX)
 
 
-def test_second_run_is_served_from_the_cache_without_importing_a_framework(runs, tmp_path):
+def test_second_run_is_served_from_the_cache_without_importing_a_framework(
+        runs, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    out = io_inspect(runs, cache)
+    monkeypatch.setenv("BNFIX_CACHE_DIR", str(cache))
+    out = _command(runs)
     assert "cached (" not in out and "BN201" in out and "BN902" in out
     assert list(cache.glob("inspect-*.json"))
     # a new interpreter, every artifact cached: neither torch nor tensorflow is imported, and
@@ -113,25 +116,13 @@ def test_second_run_is_served_from_the_cache_without_importing_a_framework(runs,
     assert status == "1 []", proc.stdout + proc.stderr
     assert warm.count("cached (read in") == 4  # the tables: BN902 has none
     assert _timeless(warm) == _timeless(out)
-    json_cold = io_inspect(runs, cache, output_format="json", cache_enabled=False)
-    assert io_inspect(runs, cache, output_format="json") == json_cold  # byte for byte
+    json_cold = _command(runs, output_format="json", cache=False)
+    assert _command(runs, output_format="json") == json_cold  # byte for byte
 
 
-def io_inspect(folder: Path, cache: Path, output_format: str = "full",
-               cache_enabled: bool = True) -> str:
-    import io
-
+def _command(folder: Path, **kwargs) -> str:
     out, err = io.StringIO(), io.StringIO()
-    old = os.environ.get("BNFIX_CACHE_DIR")
-    os.environ["BNFIX_CACHE_DIR"] = str(cache)
-    try:
-        inspect_command([str(folder)], output_format=output_format, cache=cache_enabled,
-                        stdout=out, stderr=err)
-    finally:
-        if old is None:
-            del os.environ["BNFIX_CACHE_DIR"]
-        else:
-            os.environ["BNFIX_CACHE_DIR"] = old
+    assert inspect_command([str(folder)], stdout=out, stderr=err, **kwargs) == 1
     return out.getvalue()
 
 
@@ -264,8 +255,8 @@ def test_bn902_is_cached_unless_the_machine_caused_it_and_internal_errors_never(
     monkeypatch.setattr(read, "READ", {**read.READ, "torch": broken})
     os.utime(healthy, ns=(2, 2))
     result = _inspect(runs, cache)
-    assert result.internal == [f"{healthy}: internal error while inspecting it: TypeError: "
-                               "an injected bug"]
+    assert result.internal == [(f"{healthy}: internal error while inspecting it: TypeError: "
+                                "an injected bug")]
     assert str(healthy) not in json.loads(next(cache.glob("inspect-*.json")).read_text())[
         "entries"]
     monkeypatch.undo()
