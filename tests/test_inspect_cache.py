@@ -1,8 +1,8 @@
 """The inspect cache (`bnfix.artifacts.cache`): a second run reports from it without reading or
 importing a framework; a change to any file of an artifact (a TF checkpoint's data shard
 included) re-reads exactly that artifact; racy entries are re-read; `--no-cache`; a corrupt
-cache file or entry is ignored; the key covers the rules, allow-pickle and the tensor budget;
-BN902 is cached unless its cause is the machine's; internal errors never are."""
+cache file or entry is ignored; the key covers the rules, allow-pickle, the tensor budget and
+the readers' library versions; BN902 and internal errors are never cached."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _bn_state(mean: float, batches: int) -> dict:
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
-    """Three torch checkpoints (one flagged BN201), a garbage `.pt` (BN902) and a TF1
+    """Three torch checkpoints (one flagged BN201), a garbage `.pt` (BN902, never cached), a TF1
     checkpoint (`.index` + `.data-*`, BN201)."""
     pytest.importorskip("tensorflow")
     root = tmp_path_factory.mktemp("pristine")
@@ -89,7 +89,8 @@ def _names(folder: Path, *names: str) -> list[str]:
     return sorted(str(folder / name) for name in names)
 
 
-ALL = ("garbage.pt", "healthy.pt", "other.pt", "stale.pt", TF_PREFIX)
+TORCH = ("healthy.pt", "other.pt", "stale.pt")
+ALL = (*TORCH, TF_PREFIX)  # what is cached: garbage.pt (BN902) never is
 
 
 def test_second_run_is_served_from_the_cache_without_importing_a_framework(
@@ -137,7 +138,7 @@ def test_a_change_to_one_file_of_a_tf_checkpoint_rereads_exactly_that_artifact(r
     assert _concise(runs, cache) == (cold, _names(runs, *ALL))
     data = runs / TF_DATA
     os.utime(data, ns=(time.time_ns(), data.stat().st_mtime_ns + 1_000_000))  # touched
-    assert _concise(runs, cache) == (cold, _names(runs, *ALL[:4]))
+    assert _concise(runs, cache) == (cold, _names(runs, *TORCH))
     assert _concise(runs, cache)[1] == _names(runs, *ALL)  # re-read, cached again
     # same size, the old modification time put back: the change time still tells
     before = data.stat()
@@ -145,15 +146,20 @@ def test_a_change_to_one_file_of_a_tf_checkpoint_rereads_exactly_that_artifact(r
     content[-1] ^= 0xFF
     data.write_bytes(bytes(content))
     os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert _concise(runs, cache)[1] == _names(runs, *ALL[:4])
+    flipped, cached = _concise(runs, cache)
+    assert cached == _names(runs, *TORCH) and f"{runs}/{TF_PREFIX} BN902" in flipped  # read
     # a torch checkpoint rewritten with other values: re-read, and its new finding shown
     torch.save(_bn_state(0.0, 7), runs / "other.pt")
     warm, cached = _concise(runs, cache)
-    assert cached == _names(runs, *ALL[:2], *ALL[3:])
+    assert cached == _names(runs, "healthy.pt", "stale.pt")
     assert f"{runs}/other.pt BN201" in warm
-    # a shard appearing (the index names two now) or the index going away: not the cached one
+    # the byte put back: read (and cached) again; then a new shard appears beside it
+    content[-1] ^= 0xFF
+    data.write_bytes(bytes(content))
+    assert _concise(runs, cache)[1] == _names(runs, *TORCH)
+    assert _concise(runs, cache)[1] == _names(runs, *ALL)
     (runs / "tf" / "model.ckpt.data-00001-of-00002").write_bytes(b"")
-    assert str(runs / TF_PREFIX) not in _concise(runs, cache)[1]
+    assert _concise(runs, cache)[1] == _names(runs, *TORCH)
 
 
 def test_a_racy_entry_is_read_again(runs, tmp_path, monkeypatch):
@@ -206,7 +212,7 @@ def test_a_corrupt_cache_file_or_entry_is_ignored(runs, tmp_path):
     # an entry with a wrong shape is a miss; the others are still served
     data["entries"][str(runs / "stale.pt")]["findings"] = [["BN201", "x"]]
     stored.write_text(json.dumps(data))
-    assert _concise(runs, cache) == (cold, _names(runs, *ALL[:3], TF_PREFIX))
+    assert _concise(runs, cache) == (cold, _names(runs, "healthy.pt", "other.pt", TF_PREFIX))
     for garbage in (b"{not json", b"[1, 2]", b'{"format": 1, "entries": 7}', b"\xff\xfe"):
         stored.write_bytes(garbage)
         assert _concise(runs, cache) == (cold, [])
@@ -216,11 +222,17 @@ def test_a_corrupt_cache_file_or_entry_is_ignored(runs, tmp_path):
     assert _concise(runs, cache) == (cold, [])
 
 
-def test_the_key_covers_rules_allow_pickle_and_the_budget(runs, tmp_path):
+def test_the_key_covers_rules_allow_pickle_the_budget_and_libraries(runs, tmp_path,
+                                                                     monkeypatch):
     key = inspect_cache.cache_key
     rules = frozenset({"BN201", "BN902"})
-    assert len({key(rules, False, 1 << 20), key(rules | {"BN202"}, False, 1 << 20),
-                key(rules, True, 1 << 20), key(rules, False, 1 << 21)}) == 4
+    keys = {key(rules, False, 1 << 20), key(rules | {"BN202"}, False, 1 << 20),
+            key(rules, True, 1 << 20), key(rules, False, 1 << 21)}
+    assert f"torch={torch.__version__}" in inspect_cache.library_versions().split(",")
+    with monkeypatch.context() as patch:  # e.g. torch upgraded, or tensorflow installed
+        patch.setattr(inspect_cache, "library_versions", lambda: "torch=99")
+        keys.add(key(rules, False, 1 << 20))
+    assert len(keys) == 5
     cache = tmp_path / "cache"
     _concise(runs, cache)
     for options in ({"select": ["BN201"]}, {"max_tensor_bytes": 1 << 20},
@@ -230,36 +242,40 @@ def test_the_key_covers_rules_allow_pickle_and_the_budget(runs, tmp_path):
     assert len(list(cache.glob("inspect-*.json"))) == 4
 
 
-def test_bn902_is_cached_unless_the_machine_caused_it_and_internal_errors_never(
-        runs, tmp_path, monkeypatch):
+def test_bn902_and_internal_errors_are_never_cached(runs, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    (runs / "tf").rename(tmp_path / "tf")  # torch only here
+    shutil.rmtree(runs / "tf")  # torch only here
     cold, _ = _concise(runs, cache)
     assert "garbage.pt BN902" in cold
-    assert str(runs / "garbage.pt") in _concise(runs, cache)[1]  # the file's own fault: cached
+    assert _concise(runs, cache) == (cold, _names(runs, *TORCH))  # garbage.pt: read again
+    (stored,) = cache.glob("inspect-*.json")
+    assert sorted(json.loads(stored.read_text())["entries"]) == _names(runs, *TORCH)
     healthy = runs / "healthy.pt"
-    os.utime(healthy, ns=(1, 1))  # a miss: read again by the readers below
 
     def missing(path: str, allow_pickle: bool):
         raise ModuleNotFoundError("No module named 'torch'", name="torch")
 
-    monkeypatch.setattr(read, "READ", {**read.READ, "torch": missing})
-    result = _inspect(runs, cache)
-    assert any(f.path == str(healthy) and "needs torch" in f.message for f in result.findings)
-    assert str(healthy) not in json.loads(next(cache.glob("inspect-*.json")).read_text())[
-        "entries"]  # forgotten: the package may be installed before the next run
-
     def broken(path: str, allow_pickle: bool):
         raise TypeError("an injected bug")
 
-    monkeypatch.setattr(read, "READ", {**read.READ, "torch": broken})
-    os.utime(healthy, ns=(2, 2))
-    result = _inspect(runs, cache)
-    assert result.internal == [(f"{healthy}: internal error while inspecting it: TypeError: "
-                                "an injected bug")]
-    assert str(healthy) not in json.loads(next(cache.glob("inspect-*.json")).read_text())[
-        "entries"]
+    for reader, mtime in ((missing, 1), (broken, 2)):
+        os.utime(healthy, ns=(mtime, mtime))  # changed: read again, by the injected reader
+        monkeypatch.setattr(read, "READ", {**read.READ, "torch": reader})
+        result = _inspect(runs, cache)
+        assert str(healthy) not in result.cached
+        assert str(healthy) not in json.loads(stored.read_text())["entries"]  # forgotten
+    assert (f"{healthy}: internal error while inspecting it: TypeError: an injected bug"
+            in result.internal)
+    monkeypatch.setattr(read, "READ", read.READ)
     monkeypatch.undo()
     monkeypatch.setattr(inspect_cache, "RACY_NS", 0)
     assert str(healthy) not in _concise(runs, cache)[1]  # read for real, at last
     assert str(healthy) in _concise(runs, cache)[1]
+
+
+def test_only_broken_files_write_nothing(tmp_path, monkeypatch):
+    """Inspecting a hostile or broken file alone leaves nothing behind (no cache folder)."""
+    (tmp_path / "broken.pt").write_bytes(b"PK\x03\x04 truncated zip")
+    result = _inspect(tmp_path / "broken.pt", tmp_path / "cache")
+    assert [f.code for f in result.findings] == ["BN902"]
+    assert not (tmp_path / "cache").exists()

@@ -4,19 +4,25 @@ change time. A run whose artifacts are all cached reads none of them and imports
 
 It lives beside `check`'s cache (`.bnfix_cache/`, `cache-dir`, BNFIX_CACHE_DIR) in a file of
 its own, `inspect-<key>.json`. The key covers the bnfix version, a digest of bnfix's code and
-rule book (all of it: the readers reach into the TF-graph, ONNX and torch packages), the enabled
-artifact rules, `--allow-pickle` and `--max-tensor-bytes`; an entry also records the rules its
-artifact was checked with (`per-file-ignores` differ per file), the reader and the path as
-given (findings and tables name it).
+rule book (all of it: the readers reach into the TF-graph, ONNX and torch packages), the
+installed versions of the libraries the readers use (an upgrade may read what the old version
+refused; installing a missing one counts), the enabled artifact rules, `--allow-pickle` and
+`--max-tensor-bytes`; an entry also records the rules its artifact was checked with
+(`per-file-ignores` differ per file), the reader and the path as given (findings and tables
+name it).
 
 What is stored is what was read: the files are stat-ed before the read and again after it, and
 an artifact whose files changed meanwhile is not stored. As in `check`'s cache, an entry whose
 files were modified (or had their metadata changed) within 2 s of the run is stored *racy*: an
 edit in the same clock tick keeps size and time, so a racy entry is never served — the next run
 reads the artifact again (no content digest: that would read a multi-gigabyte checkpoint as far
-as reading its BN tensors does). A BN902 whose cause lies outside the files (a missing package,
-memory, permissions: an OSError, ImportError or MemoryError behind it) and internal errors are
-never stored.
+as reading its BN tensors does).
+
+Only artifacts that were read are stored: never an internal error (a bug of bnfix's, to be
+reported again), and never BN902. An unreadable artifact is one to act on, the readers refuse it
+early (magic bytes, declared sizes), and its cause is often outside the files (permissions of a
+folder, memory, a library error that says neither): a cached BN902 could outlive its cause with
+no stat to tell. So inspecting only broken or hostile files writes nothing.
 
 Plain JSON read as a regular file only (a FIFO planted there does not block), bounded, every
 entry checked for shape; a malformed file or entry is ignored. Written atomically, merged with
@@ -47,7 +53,9 @@ from bnfix.source.reader import Skipped, SourceError, read_source
 FORMAT = 1
 PREFIX = "inspect-"
 TEMPORARY = ".cache."  # check's prefix: either command's run removes what a killed run left
-ENVIRONMENTAL = (OSError, ImportError, MemoryError)  # BN902 causes that are not in the files
+# the distributions whose code reads artifacts (TensorFlow under its several names)
+LIBRARIES = ("torch", "tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-keras", "keras",
+             "h5py", "onnx", "protobuf", "numpy")
 
 
 def code_digest() -> str:
@@ -65,9 +73,22 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+def library_versions() -> str:
+    """The installed versions of LIBRARIES, from their metadata (nothing is imported)."""
+    from importlib import metadata
+
+    versions = []
+    for name in LIBRARIES:
+        try:
+            versions.append(f"{name}={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{name}=-")
+    return ",".join(versions)
+
+
 def cache_key(enabled: frozenset[str], allow_pickle: bool, max_tensor_bytes: int) -> str:
-    parts = [__version__, str(FORMAT), code_digest(), ",".join(sorted(enabled)),
-             str(allow_pickle), str(max_tensor_bytes)]
+    parts = [__version__, str(FORMAT), code_digest(), library_versions(),
+             ",".join(sorted(enabled)), str(allow_pickle), str(max_tensor_bytes)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -79,17 +100,6 @@ def cache_folder(root: Path, configured: Path | None) -> Path:
     return configured if configured is not None else root / CACHE_DIR
 
 
-def environmental(exc: BaseException) -> bool:
-    """Whether an ArtifactError came from the machine rather than the files (its cause or
-    context chain holds an OSError, ImportError or MemoryError)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ENVIRONMENTAL):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 @dataclass
 class Entry:
     reader: str
@@ -97,7 +107,7 @@ class Entry:
     codes: tuple[str, ...]            # the rules the artifact was checked with
     files: dict[str, Stat]            # every file it is made of, stat-ed before the read
     findings: list[ArtifactFinding]
-    table: Table | None               # None: the artifact was not read (BN902)
+    table: Table
     racy: bool
 
 
@@ -128,7 +138,7 @@ class InspectCache:
         return entry
 
     def store(self, candidate: Candidate, codes: frozenset[str], before: Mapping[str, Stat],
-              findings: list[ArtifactFinding], table: Table | None) -> None:
+              findings: list[ArtifactFinding], table: Table) -> None:
         """Remember what reading `candidate` gave, its files as stat-ed before the read; not
         when one of them changed during the read."""
         if any(stat(path) != st for path, st in before.items()):
@@ -195,9 +205,8 @@ def _load(path: Path) -> dict[str, Entry]:
 
 
 def _data(entry: Entry) -> dict[str, Any]:
-    table = None if entry.table is None else {
-        "path": entry.table.path, "facts": entry.table.facts, "graph": entry.table.graph,
-        "rows": entry.table.rows, "seconds": entry.table.seconds}
+    table = {"path": entry.table.path, "facts": entry.table.facts, "graph": entry.table.graph,
+             "rows": entry.table.rows, "seconds": entry.table.seconds}
     return {"reader": entry.reader, "shown": entry.shown, "codes": list(entry.codes),
             "files": {k: None if v is None else list(v) for k, v in entry.files.items()},
             "findings": [[f.code, f.path, f.layer, f.message] for f in entry.findings],
@@ -226,8 +235,8 @@ def _entry(fields: Any) -> Entry | None:
         stats[path] = None if st is None else (st[0], st[1], st[2], st[3])
     if not all(_strings(f) and len(f) == 4 for f in findings):
         return None
-    shown_table = None if table is None else _table(table)
-    if table is not None and shown_table is None:
+    shown_table = _table(table)
+    if shown_table is None:
         return None
     return Entry(reader, shown, tuple(codes), stats, [ArtifactFinding(*f) for f in findings],
                  shown_table, fields["racy"])

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from bnfix.artifacts.cache import InspectCache, cache_folder, cache_key, environmental
+from bnfix.artifacts.cache import InspectCache, cache_folder, cache_key
 from bnfix.artifacts.discover import discover
 from bnfix.artifacts.limits import DEFAULT_MAX_BYTES, limited
 from bnfix.artifacts.model import Artifact, ArtifactError, ArtifactFinding
-from bnfix.artifacts.parts import Stat, snapshot
+from bnfix.artifacts.parts import snapshot
 from bnfix.artifacts.quiet import silenced_stderr
 from bnfix.artifacts.read import read_artifact
 from bnfix.artifacts.table import Table, table_of
@@ -148,23 +148,19 @@ def inspect_paths(paths: Sequence[str], *, select: Sequence[str] | None = None,
         entry = cache.lookup(candidate, codes) if cache is not None else None
         if entry is not None:
             result.cached.append(candidate.path)
-            result.tables.extend([entry.table] if entry.table is not None else [])
+            result.tables.append(entry.table)
             result.findings.extend(entry.findings)
             continue
         cacheable = cache is not None and candidate.reader not in ("missing", "unknown")
-        before: dict[str, Stat] = {}
         try:
             with limited(max_tensor_bytes), silenced_stderr(expected=(ArtifactError,)):
                 before = snapshot(candidate) if cacheable else {}
                 artifact = _read(candidate, allow_pickle)
                 findings = run_checks(artifact, codes)
                 table = table_of(artifact)
-        except ArtifactError as exc:
-            unreadable = [ArtifactFinding(UNREADABLE, candidate.path, "", str(exc))] \
-                if UNREADABLE in codes else []
-            result.findings.extend(unreadable)
-            if cache is not None and before and not environmental(exc):
-                cache.store(candidate, codes, before, unreadable, None)
+        except ArtifactError as exc:  # BN902: never cached (bnfix.artifacts.cache says why)
+            if UNREADABLE in codes:
+                result.findings.append(ArtifactFinding(UNREADABLE, candidate.path, "", str(exc)))
             continue
         except Exception as exc:  # noqa: BLE001 - bnfix's bug: reported, the run goes on
             result.internal.append(f"{candidate.path}: internal error while inspecting it: "
@@ -187,9 +183,9 @@ def _read(candidate, allow_pickle: bool) -> Artifact:  # type: ignore[no-untyped
         return read_artifact(candidate, allow_pickle)
     except RecursionError:
         raise ArtifactError("nested too deeply to read (a malformed or hostile file)") from None
-    except MemoryError as exc:  # the cause marks it as the machine's, not the file's: not cached
+    except MemoryError:
         raise ArtifactError("reading it needs more memory than this machine gives: refused "
-                            "(lower what it declares, or raise --max-tensor-bytes)") from exc
+                            "(lower what it declares, or raise --max-tensor-bytes)") from None
     except UnicodeDecodeError as exc:
         raise ArtifactError(f"malformed: undecodable text ({exc.reason})") from None
 
