@@ -279,3 +279,57 @@ def test_only_broken_files_write_nothing(tmp_path, monkeypatch):
     result = _inspect(tmp_path / "broken.pt", tmp_path / "cache")
     assert [f.code for f in result.findings] == ["BN902"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_files_only_the_content_or_a_folder_names_are_part_of_the_artifact(tmp_path, monkeypatch):
+    """An ONNX model's external data, the checkpoint that appears beside a `.meta`, a file
+    added to a SavedModel folder: each change re-reads its artifact."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("tensorflow")
+    from onnx import TensorProto, helper, numpy_helper
+    from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+
+    monkeypatch.setattr(inspect_cache, "RACY_NS", 0)
+    root, cache = tmp_path / "models", tmp_path / "cache"
+    (root / "onnx").mkdir(parents=True)
+    stats = [numpy_helper.from_array(torch.full((3,), value).numpy(), name)
+             for name, value in (("s", 1.0), ("b", 0.0), ("m", 0.0), ("v", 1.0))]
+    graph = helper.make_graph(
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], initializer=stats)
+    onnx.save_model(helper.make_model(graph), str(root / "onnx" / "bn.onnx"),
+                    save_as_external_data=True, location="weights.bin", size_threshold=0)
+    meta = meta_graph_pb2.MetaGraphDef()
+    meta.meta_info_def.tags.append("train")
+    (root / "graph.meta").write_bytes(meta.SerializeToString())
+    saved = saved_model_pb2.SavedModel()
+    saved.meta_graphs.add().meta_info_def.tags.append("serve")
+    (root / "exported").mkdir()
+    (root / "exported" / "saved_model.pb").write_bytes(saved.SerializeToString())
+    everything = _names(root, "exported", "graph.meta", "onnx/bn.onnx")
+    assert _inspect(root, cache).internal == []
+    assert sorted(_inspect(root, cache).cached) == everything
+    weights = root / "onnx" / "weights.bin"
+
+    def rewrite_weights() -> None:
+        weights.write_bytes(weights.read_bytes())  # in place, the same bytes
+
+    def add_checkpoint() -> None:
+        (root / "graph.index").write_bytes(b"")  # a checkpoint now beside the graph
+
+    def add_variables() -> None:
+        (root / "exported" / "variables").mkdir()
+        (root / "exported" / "variables" / "variables.index").write_bytes(b"")
+
+    def undo() -> None:  # what the graph readers would now refuse (BN902) goes away again
+        (root / "graph.index").unlink(missing_ok=True)
+        shutil.rmtree(root / "exported" / "variables", ignore_errors=True)
+
+    for change, artifact in ((rewrite_weights, "onnx/bn.onnx"), (add_checkpoint, "graph.meta"),
+                             (add_variables, "exported")):
+        change()
+        assert sorted(_inspect(root, cache).cached) == [
+            name for name in everything if name != str(root / artifact)], artifact
+        undo()
+        _inspect(root, cache)  # read again, and stored
