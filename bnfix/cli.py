@@ -183,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--max-tensor-bytes", type=_tensor_bytes, default=None, metavar="BYTES",
                          help="refuse (BN902) a tensor, config or pickle that declares more "
                               "(default 256 MiB; suffixes K, M, G), before reading it")
+    inspect.add_argument("--no-cache", action="store_true",
+                         help="read every artifact; neither read nor write the cache")
     from bnfix.validate.arguments import add_arguments
 
     add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
@@ -344,7 +346,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return inspect_command(args.paths, output_format=args.output_format, select=args.select,
                            ignore=args.ignore, plot=args.plot, allow_pickle=args.allow_pickle,
                            exit_zero=args.exit_zero, config=args.config,
-                           max_tensor_bytes=args.max_tensor_bytes or DEFAULT_MAX_BYTES)
+                           max_tensor_bytes=args.max_tensor_bytes or DEFAULT_MAX_BYTES,
+                           cache=not args.no_cache)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

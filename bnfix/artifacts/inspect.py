@@ -10,6 +10,9 @@ The project's `[tool.bnfix]` applies as it does to `check`: `ignore`, `per-file-
 `exclude`/`extend-exclude` as written; `select`/`extend-select` restrict the artifact rules
 when they name any (a `select` naming only source rules was written for `check`, and leaves
 inspect's rules alone). `--select` on the command line must name artifact rules.
+
+The command keeps a cache beside `check`'s (`bnfix.artifacts.cache`): an artifact whose files
+are unchanged is reported from it without being read.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from bnfix.artifacts.cache import InspectCache, cache_folder, cache_key
 from bnfix.artifacts.discover import discover
 from bnfix.artifacts.limits import DEFAULT_MAX_BYTES, limited
 from bnfix.artifacts.model import Artifact, ArtifactError, ArtifactFinding
+from bnfix.artifacts.parts import snapshot
 from bnfix.artifacts.quiet import silenced_stderr
 from bnfix.artifacts.read import read_artifact
+from bnfix.artifacts.table import Table, table_of
 from bnfix.checks.artifacts import run_checks
 from bnfix.config import ConfigError, Settings, load_settings
 from bnfix.rulebook import RuleBook, RuleBookError, load_rulebook
@@ -41,7 +47,9 @@ class InspectUsageError(Exception):
 
 @dataclass
 class InspectResult:
-    artifacts: list[Artifact] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)  # those read in this run
+    tables: list[Table] = field(default_factory=list)  # every artifact's, cached ones included
+    cached: list[str] = field(default_factory=list)  # the artifacts reported from the cache
     findings: list[ArtifactFinding] = field(default_factory=list)  # BN902 included
     empty: list[str] = field(default_factory=list)  # folders that held no artifact
     internal: list[str] = field(default_factory=list)  # bnfix's own errors, one per artifact
@@ -122,21 +130,35 @@ def project_settings(paths: Sequence[str], config: str | None = None) -> Setting
 def inspect_paths(paths: Sequence[str], *, select: Sequence[str] | None = None,
                   ignore: Sequence[str] = (), allow_pickle: bool = False,
                   settings: Settings | None = None,
-                  max_tensor_bytes: int = DEFAULT_MAX_BYTES) -> InspectResult:
-    """Read every artifact under `paths` and run the enabled artifact rules on it."""
+                  max_tensor_bytes: int = DEFAULT_MAX_BYTES, cache_dir: Path | None = None,
+                  read_cache: bool = True) -> InspectResult:
+    """Read every artifact under `paths` and run the enabled artifact rules on it. With
+    `cache_dir`, an artifact whose files are unchanged since a run with the same key is taken
+    from the cache there (unless not `read_cache`), and what is read is stored."""
     book = load_rulebook()
     enabled = enabled_codes(book, select, ignore, settings)
     excluded = _excluder(settings) if settings is not None else None
     candidates, empty = discover(list(paths), excluded)
     result = InspectResult(empty=empty)
+    cache = None if cache_dir is None else InspectCache(
+        cache_dir, cache_key(enabled, allow_pickle, max_tensor_bytes), read=read_cache)
     for candidate in candidates:
         codes = enabled - (ignored_for(settings, Path(candidate.path), book)
                            if settings is not None else frozenset())
+        entry = cache.lookup(candidate, codes) if cache is not None else None
+        if entry is not None:
+            result.cached.append(candidate.path)
+            result.tables.append(entry.table)
+            result.findings.extend(entry.findings)
+            continue
+        cacheable = cache is not None and candidate.reader not in ("missing", "unknown")
         try:
             with limited(max_tensor_bytes), silenced_stderr(expected=(ArtifactError,)):
+                before = snapshot(candidate) if cacheable else {}
                 artifact = _read(candidate, allow_pickle)
                 findings = run_checks(artifact, codes)
-        except ArtifactError as exc:
+                table = table_of(artifact)
+        except ArtifactError as exc:  # BN902: never cached (bnfix.artifacts.cache says why)
             if UNREADABLE in codes:
                 result.findings.append(ArtifactFinding(UNREADABLE, candidate.path, "", str(exc)))
             continue
@@ -145,7 +167,12 @@ def inspect_paths(paths: Sequence[str], *, select: Sequence[str] | None = None,
                                    f"{type(exc).__name__}: {_first_line(exc)}")
             continue
         result.artifacts.append(artifact)
+        result.tables.append(table)
         result.findings.extend(findings)
+        if cache is not None and cacheable:
+            cache.store(candidate, codes, before, findings, table)
+    if cache is not None:
+        cache.save()
     return result
 
 
@@ -172,10 +199,11 @@ def inspect_command(paths: Sequence[str], *, output_format: str = "full",
                     select: Sequence[str] | None = None, ignore: Sequence[str] = (),
                     plot: str | None = None, allow_pickle: bool = False,
                     exit_zero: bool = False, config: str | None = None,
-                    max_tensor_bytes: int = DEFAULT_MAX_BYTES, stdout: TextIO | None = None,
-                    stderr: TextIO | None = None) -> int:
+                    max_tensor_bytes: int = DEFAULT_MAX_BYTES, cache: bool = True,
+                    stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """The CLI command: exit 0 clean, 1 findings (unreadable artifacts included), 2 usage or an
-    internal error on some artifact (reported after the findings of the others)."""
+    internal error on some artifact (reported after the findings of the others). `--plot` needs
+    every artifact's values: it reads them all (and still writes the cache)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     book = load_rulebook()
     try:
@@ -204,7 +232,9 @@ def inspect_command(paths: Sequence[str], *, output_format: str = "full",
             return 2
     try:
         result = inspect_paths(paths, select=select, ignore=ignore, allow_pickle=allow_pickle,
-                               settings=settings, max_tensor_bytes=max_tensor_bytes)
+                               settings=settings, max_tensor_bytes=max_tensor_bytes,
+                               cache_dir=cache_folder(settings.root, settings.cache_dir)
+                               if cache else None, read_cache=not plot)
     except InspectUsageError as exc:
         err.write(f"bnfix: {exc}\n")
         return 2
@@ -239,7 +269,7 @@ def render(fmt: str, result: InspectResult, book: RuleBook) -> str:
         return text + (formats.summary(diagnostics, 0, False) if fmt == "concise" else "")
     from bnfix.artifacts.table import render_table
 
-    parts = [render_table(a, result.findings) for a in result.artifacts]
+    parts = [render_table(t, result.findings) for t in result.tables]
     if diagnostics:
         parts.append(formats.render("full", diagnostics, book, False))
     parts.append(formats.summary(diagnostics, 0, False))

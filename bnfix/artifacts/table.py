@@ -4,6 +4,7 @@ of gamma/beta/mean/var and the rules that flagged it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,15 +27,31 @@ def summarize(value: np.ndarray | None) -> str:
     return f"{value.mean():.3g}±{value.std():.2g}"
 
 
-def _header(artifact: Artifact) -> str:
+@dataclass
+class Table:
+    """What the `full` output shows of one artifact, as strings: it is what the inspect cache
+    stores, so that a cached artifact is shown without reading it (or importing its framework).
+    `seconds` is how long the read took; `cached` says it was not read in this run."""
+
+    path: str
+    facts: list[str]          # the header's facts, without the read time
+    graph: str | None         # the graph summary line, for graph artifacts
+    rows: list[list[str]]     # per BN layer: name, channels, gamma, beta, mean, var
+    seconds: float
+    cached: bool = False
+
+
+def table_of(artifact: Artifact) -> Table:
     n = len(artifact.layers)
     facts = [artifact.kind, f"{n} BN layer{'s' if n != 1 else ''}"]
     if artifact.trained is not None:
         facts.append(f"{'trained' if artifact.trained else 'untrained'}: "
                      f"{artifact.trained_evidence}")
     facts.extend(artifact.notes)
-    facts.append(f"read in {artifact.seconds:.2f} s")
-    return f"{artifact.path}  ({'; '.join(facts)})"
+    rows = [[layer.name, str(layer.channels if layer.channels is not None else "-"),
+             summarize(layer.gamma), summarize(layer.beta), summarize(layer.mean),
+             summarize(layer.var)] for layer in artifact.layers]
+    return Table(artifact.path, facts, _graph_line(artifact), rows, artifact.seconds)
 
 
 def _graph_line(artifact: Artifact) -> str | None:
@@ -49,22 +66,21 @@ def _graph_line(artifact: Artifact) -> str | None:
             f"{len(graph.unfolded)} unfolded BN(s)")
 
 
-def render_table(artifact: Artifact, findings: Sequence[ArtifactFinding]) -> str:
+def render_table(table: Table | Artifact, findings: Sequence[ArtifactFinding]) -> str:
+    """The header line, the graph line and a row per BN layer with the codes that flagged it."""
+    if isinstance(table, Artifact):
+        table = table_of(table)
     flags: dict[str, list[str]] = {}
     for f in findings:
-        if f.path == artifact.path and f.code not in flags.get(f.layer, []):
+        if f.path == table.path and f.code not in flags.get(f.layer, []):
             flags.setdefault(f.layer, []).append(f.code)
-    lines = [_header(artifact)]
-    graph = _graph_line(artifact)
-    if graph:
-        lines.append(graph)
-    if artifact.layers:
-        rows = [COLUMNS] + [
-            (layer.name, str(layer.channels if layer.channels is not None else "-"),
-             summarize(layer.gamma), summarize(layer.beta), summarize(layer.mean),
-             summarize(layer.var), " ".join(flags.get(layer.name, [])))
-            for layer in artifact.layers
-        ]
+    timing = f"read in {table.seconds:.2f} s"
+    facts = [*table.facts, f"cached ({timing})" if table.cached else timing]
+    lines = [f"{table.path}  ({'; '.join(facts)})"]
+    if table.graph:
+        lines.append(table.graph)
+    if table.rows:
+        rows = [list(COLUMNS)] + [[*row, " ".join(flags.get(row[0], []))] for row in table.rows]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
         for row in rows:
             cells = [cell.rjust(w) if i == 1 else cell.ljust(w)
