@@ -283,6 +283,47 @@ def test_session_diagnostics_code_actions_and_exit(tmp_path: Path) -> None:
     assert asyncio.run(session()) == 0
 
 
+SAFE_AND_UNSAFE = """
+import tensorflow as tf
+
+stem = tf.keras.layers.experimental.SyncBatchNormalization(momentum=0.9, name="stem_bn")
+head = tf.keras.layers.experimental.SyncBatchNormalization(-1, momentum=0.9)
+
+if __name__ == "__main__":  # a script: something runs it
+    print(stem, head)
+""".lstrip("\n")
+
+
+def test_session_fix_all_applies_the_safe_fixes_as_bnfix_fix_does(tmp_path: Path) -> None:
+    """`source.fixAll.bnfix`: BN007's named SyncBatchNormalization (an exact rewrite: a safe fix)
+    is fixed, the unnamed one (its default name changes: unsafe) is left, as `bnfix fix`."""
+    config = '[tool.bnfix]\ntarget-tensorflow = "2.21"\n'  # BN007 needs a target
+    root = write_tree(tmp_path / "project", {"pyproject.toml": config})
+    path = root / "model.py"
+    path.write_text(SAFE_AND_UNSAFE, encoding="utf-8")
+    copy = write_tree(tmp_path / "copy", {"pyproject.toml": config, "model.py": SAFE_AND_UNSAFE})
+    assert bnfix("fix", "--no-cache", "model.py", cwd=copy) == 1  # the unsafe one remains
+    fixed_by_bnfix = (copy / "model.py").read_text(encoding="utf-8")
+    assert 'name="stem_bn", synchronized=True' in fixed_by_bnfix
+    assert "experimental.SyncBatchNormalization(-1" in fixed_by_bnfix
+
+    async def session() -> int:
+        client = await start(root)
+        uri = client.open(path, SAFE_AND_UNSAFE)
+        diagnostics = await client.diagnostics(uri, 1)
+        assert [d.code for d in diagnostics] == ["BN007", "BN007"]
+        found = await client.text_document_code_action_async(types.CodeActionParams(
+            types.TextDocumentIdentifier(uri), diagnostics[0].range,
+            types.CodeActionContext(diagnostics, only=["source.fixAll.bnfix"])))
+        (fix_all,) = list(found or [])
+        assert fix_all.kind == "source.fixAll.bnfix" and fix_all.edit is not None
+        assert apply_edit(SAFE_AND_UNSAFE, uri, fix_all.edit, version=1) == fixed_by_bnfix
+        assert path.read_text(encoding="utf-8") == SAFE_AND_UNSAFE  # the server never writes
+        return await stop(client)
+
+    assert asyncio.run(session()) == 0
+
+
 LAYERS = """
 import tensorflow as tf
 
