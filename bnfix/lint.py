@@ -198,11 +198,7 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     fixing = options.fix or options.diff
     cache = None
     if options.cache:
-        key = cache_key(rules_digest(rules_root()), engine.enabled,
-                        {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
-                         "project": (int(options.project),),
-                         "explicit": (int(engine.target_explicit),)})
-        cache = Cache(settings.root, key, settings.cache_dir)
+        cache = findings_cache(engine, settings, options.project)
     runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=bool(settings.unsafe_fixes),
                            jobs=default_jobs() if options.jobs is None else options.jobs,
                            max_bytes=settings.max_bytes)
@@ -262,6 +258,15 @@ def _missing_path(path: Path, engine: Engine, settings: Settings, outcome: Outco
                                             rule.url))
     else:
         outcome.warnings.append(f"Failed to lint {path}: No such file or directory")
+
+
+def findings_cache(engine: Engine, settings: Settings, project: bool = True) -> Cache:
+    """The findings cache of a run with this engine and these settings (`bnfix check`, stdin
+    and `bnfix server` share it)."""
+    key = cache_key(rules_digest(rules_root()), engine.enabled,
+                    {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
+                     "project": (int(project),), "explicit": (int(engine.target_explicit),)})
+    return Cache(settings.root, key, settings.cache_dir)
 
 
 class _Outside:
@@ -470,20 +475,58 @@ def _report(options: LintOptions, book: RuleBook, remaining: list[Diagnostic], f
                                      hint=unsafe_fixes is None))
 
 
+def _stdin_result(options: LintOptions, settings: Settings, engine: Engine, text: str,
+                  fixing: bool) -> tuple[FileResult, list[tuple[str, str]]]:
+    """The text on stdin as `bnfix check FILE` sees the file that --stdin-filename names: with
+    the project around it (the text standing in for the file, so findings that depend on other
+    files, and those of other files that depend on it, are as for the saved file). Without a
+    file name, or with the project pass off, the text alone. Also the internal errors met (a
+    bnfix bug in some file: reported, exit 2)."""
+    name = options.stdin_filename
+    unsafe = bool(settings.unsafe_fixes)
+    ignored = settings.ignored_for(Path(name or "-"), engine.book)
+    if name is None or not options.project:
+        if fixing:
+            return engine.fix_text(text, name or "-", unsafe, ignored), []
+        return FileResult(name or "-", engine.diagnose(text, name or "-", ignored)), []
+    root = project_root([Path(name)], settings.root if settings.source is not None else None)
+    outside = _Outside(root)
+    scope = [str(c.path) for c in _walker(settings)([root]) if not outside(c)]
+    cache = findings_cache(engine, settings) if options.cache else None
+    runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=unsafe,
+                           jobs=default_jobs() if options.jobs is None else options.jobs,
+                           max_bytes=settings.max_bytes, overlay={os.path.abspath(name): text})
+    results = list(runner.run([(name, ignored)], scope, root))
+    if cache is not None:
+        cache.save()
+    result = next((r for r in results if r.path == name), FileResult(name, ignored=ignored))
+    result.notes = [*result.notes, *runner.notes]
+    internal = [*runner.internal, *([(name, result.internal)] if result.internal else [])]
+    return result, internal
+
+
 def _run_stdin(options: LintOptions, book: RuleBook, settings: Settings, engine: Engine,
                stdin: TextIO, stdout: TextIO, captured: TextIO | None, log: TextIO) -> int:
     """The text on stdin: findings to stdout; with --fix the fixed text to stdout and the
     findings to stderr. `captured`: the --output-file, which takes the findings instead."""
-    name = options.stdin_filename or "-"
     text = stdin.read()
-    ignored = settings.ignored_for(Path(name), book)
+    fixing = bool(options.fix or options.diff)
+    result, internal = _stdin_result(options, settings, engine, text, fixing)
+    code = _stdin_report(options, book, settings, result, text, stdout, captured, log)
+    if internal:
+        _report_internal(internal, options.verbose, log)
+        return 2
+    return code
+
+
+def _stdin_report(options: LintOptions, book: RuleBook, settings: Settings, result: FileResult,
+                  text: str, stdout: TextIO, captured: TextIO | None, log: TextIO) -> int:
+    """Findings (or the fixed text, or the diff) of the text on stdin: the exit code."""
     unsafe = bool(settings.unsafe_fixes)
-    if not (options.fix or options.diff):
-        remaining = engine.diagnose(text, name, ignored)
-        _report(options, book, remaining, 0, captured or stdout, settings.unsafe_fixes)
-        return 0 if options.exit_zero or not remaining else 1
-    result = engine.fix_text(text, name, unsafe, ignored)
     log.writelines(f"bnfix: {line}\n" for line in result.notes)
+    if not (options.fix or options.diff):
+        _report(options, book, result.diagnostics, 0, captured or stdout, settings.unsafe_fixes)
+        return 0 if options.exit_zero or not result.diagnostics else 1
     if options.diff:
         if result.changed:
             (captured or stdout).write(formats.unified_diff(result))

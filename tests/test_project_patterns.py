@@ -4,9 +4,10 @@ stays away."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from conftest import write_tree
+from conftest import run_bnfix, write_tree
 
 from bnfix import check_paths
 
@@ -97,3 +98,46 @@ def test_unparsable_files_that_use_first_party_bn_code_are_reported(tmp_path: Pa
                      "print 'see resnet/inference.png'\n",
     })
     assert rows(tmp_path, ["BN900"]) == {("convert.py", "BN900", 3)}
+
+
+def test_stdin_with_a_file_name_is_checked_with_its_project(tmp_path: Path):
+    """`bnfix check --stdin-filename train.py -` (editors, pre-commit-style pipes) sees the BN
+    wrapper in another file as `bnfix check train.py` does, and with --fix prints the fixed
+    text without writing the file."""
+    root = write_tree(tmp_path / "repo", {
+        "pyproject.toml": "[tool.bnfix]\n",
+        "models/__init__.py": "",
+        "models/layers.py": """
+            import tensorflow as tf
+
+
+            def bn(x, is_training, trainable=True):
+                return tf.compat.v1.layers.batch_normalization(
+                    x, training=is_training, trainable=trainable)
+        """,
+        "train.py": """
+            from models.layers import bn
+
+
+            def model(x):
+                return bn(x, is_training=True, trainable=False)
+        """,
+    })
+    text = (root / "train.py").read_text()
+    on_disk = run_bnfix("check", "--no-cache", "--output-format", "json", "train.py", cwd=root)
+    piped = run_bnfix("check", "--no-cache", "--output-format", "json", "--stdin-filename",
+                      "train.py", "-", cwd=root, stdin=text)
+    assert on_disk.returncode == piped.returncode == 1, piped.stderr
+    found = [(r["code"], r["location"]["row"]) for r in json.loads(piped.stdout)]
+    assert found == [(r["code"], r["location"]["row"]) for r in json.loads(on_disk.stdout)]
+    assert found == [("BN001", 5)]
+    alone = run_bnfix("check", "--no-cache", "--output-format", "json", "-", cwd=root,
+                      stdin=text)  # no file name: the text alone knows nothing of `bn`
+    assert json.loads(alone.stdout) == []
+    unsaved = text.replace("trainable=False", "trainable=True")  # the editor's text counts
+    assert run_bnfix("check", "--no-cache", "--stdin-filename", "train.py", "-", cwd=root,
+                     stdin=unsaved).returncode == 0
+    fixed = run_bnfix("check", "--fix", "--unsafe-fixes", "--no-cache", "--stdin-filename",
+                      "train.py", "-", cwd=root, stdin=text)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout == unsaved and (root / "train.py").read_text() == text

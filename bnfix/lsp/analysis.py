@@ -11,14 +11,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bnfix.cache import Cache, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings
 from bnfix.engine import Engine, FileResult
 from bnfix.files import discover
-from bnfix.lint import LintOptions, UsageError, prepare
+from bnfix.lint import LintOptions, UsageError, findings_cache, prepare
 from bnfix.project.runner import ProjectRunner
 from bnfix.project.session import project_root
-from bnfix.rulebook import RuleBook, rules_root
+from bnfix.rulebook import RuleBook
 
 
 @dataclass(frozen=True)
@@ -118,15 +117,11 @@ def _run(project: _Project, texts: dict[str, str], outcome: Outcome, use_cache: 
         return
     reported = [(path, settings.ignored_for(Path(path), project.book)) for path in by_path]
     scope = [str(c.path) for c in walk([project.root])]
-    cache = None
-    if use_cache:  # the key `bnfix check` uses: the editor and the command line share it
-        key = cache_key(rules_digest(rules_root()), engine.enabled,
-                        {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
-                         "project": (1,), "explicit": (int(engine.target_explicit),)})
-        cache = Cache(settings.root, key)
+    # the cache `bnfix check` uses: the editor and the command line share it
+    cache = findings_cache(engine, settings) if use_cache else None
     # one process: a server holds threads, and a warm cache leaves little work to share out
     runner = ProjectRunner(engine, cache=cache, fix=fix_uri is not None, unsafe=unsafe, jobs=1,
-                           max_bytes=settings.max_file_size, overlay=texts)
+                           max_bytes=settings.max_bytes, overlay=texts)
     for result in runner.run(reported, scope, project.root):
         doc = by_path.get(result.path)
         if doc is not None:
