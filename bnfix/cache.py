@@ -214,39 +214,47 @@ class Cache:
         if not self.changed:
             return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            ignore = self.folder / ".gitignore"
-            if not ignore.exists():
-                ignore.write_text("# created by bnfix\n*\n", encoding="utf-8")
-            self._clean_temporaries()
+            prepare_folder(self.folder)
             meta = self.meta
             self._load()
             self.meta = meta
             self.entries.update(self.changed)
             racy = self.started_ns - RACY_NS
-            payload = {"format": FORMAT, "meta": self.meta,
-                       "files": {k: _data(v, racy) for k, v in self.entries.items()}}
-            fd, tmp = tempfile.mkstemp(prefix=".cache.", dir=self.folder)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(payload, fh, separators=(",", ":"))
-                os.replace(tmp, self.path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            write_json(self.path, {"format": FORMAT, "meta": self.meta,
+                                   "files": {k: _data(v, racy) for k, v in self.entries.items()}})
         except OSError:
             return  # a read-only checkout: run without a cache rather than fail
 
-    def _clean_temporaries(self) -> None:
-        """Remove temporary files that killed runs left behind."""
-        now = time.time()
-        for path in self.folder.glob(".cache.*"):
-            try:
-                if now - path.lstat().st_mtime > STALE_TEMP_SECONDS:
-                    path.unlink()
-            except OSError:
-                continue
+
+TEMPORARY = ".cache."  # the prefix of a cache file being written (check's and inspect's)
+
+
+def prepare_folder(folder: Path) -> None:
+    """The cache folder, ignored by git, without the temporary files killed runs left."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ignore = folder / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# created by bnfix\n*\n", encoding="utf-8")
+    now = time.time()
+    for path in folder.glob(TEMPORARY + "*"):
+        try:
+            if now - path.lstat().st_mtime > STALE_TEMP_SECONDS:
+                path.unlink()
+        except OSError:
+            continue
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Replace `path` with `payload` at once (a temporary file renamed over it)."""
+    fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _data(entry: Entry, racy_ns: int) -> dict[str, Any]:

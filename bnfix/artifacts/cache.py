@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,12 +46,11 @@ from bnfix.artifacts.discover import Candidate
 from bnfix.artifacts.model import ArtifactFinding
 from bnfix.artifacts.parts import Stat, listed, stat
 from bnfix.artifacts.table import Table
-from bnfix.cache import CACHE_DIR, MAX_CACHE_BYTES, RACY_NS, STALE_TEMP_SECONDS
+from bnfix.cache import CACHE_DIR, MAX_CACHE_BYTES, RACY_NS, prepare_folder, write_json
 from bnfix.source.reader import Skipped, SourceError, read_source
 
 FORMAT = 1
 PREFIX = "inspect-"
-TEMPORARY = ".cache."  # check's prefix: either command's run removes what a killed run left
 # the distributions whose code reads artifacts (TensorFlow under its several names)
 LIBRARIES = ("torch", "tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-keras", "keras",
              "h5py", "onnx", "protobuf", "numpy")
@@ -155,37 +153,15 @@ class InspectCache:
         if not self.changed and not self.stale:
             return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            ignore = self.folder / ".gitignore"
-            if not ignore.exists():
-                ignore.write_text("# created by bnfix\n*\n", encoding="utf-8")
-            _clean_temporaries(self.folder)
+            prepare_folder(self.folder)
             merged = {**_load(self.path), **self.changed}
             entries = {name: entry for name, entry in merged.items()
                        if (name in self.changed or name not in self.stale)
                        and any(os.path.exists(path) for path in entry.files)}
-            payload = {"format": FORMAT, "entries": {k: _data(v) for k, v in entries.items()}}
-            fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, dir=self.folder)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump(payload, fh, separators=(",", ":"))
-                os.replace(tmp, self.path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+            write_json(self.path, {"format": FORMAT,
+                                   "entries": {k: _data(v) for k, v in entries.items()}})
         except OSError:
             return
-
-
-def _clean_temporaries(folder: Path) -> None:
-    now = time.time()
-    for path in folder.glob(TEMPORARY + "*"):
-        try:
-            if now - path.lstat().st_mtime > STALE_TEMP_SECONDS:
-                path.unlink()
-        except OSError:
-            continue
 
 
 def _load(path: Path) -> dict[str, Entry]:
