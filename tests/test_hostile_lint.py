@@ -394,7 +394,10 @@ def test_temporary_files_a_killed_run_left_are_cleaned(tmp_path, capsys, monkeyp
 # -- 7. Ctrl-C during start-up -----------------------------------------------------------------
 
 _INTERRUPT_AT_IMPORT = """
-import runpy, sys, time
+import runpy, signal, sys, time
+# Ctrl-C as in a terminal: a job started in the background by a non-interactive shell (a CI
+# script) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
 TARGET = sys.argv[1]
 if TARGET in sys.modules:
     sys.exit(f"{TARGET} is already imported: the hook would never run")

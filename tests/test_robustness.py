@@ -165,6 +165,12 @@ def _many_files(root: Path, count: int) -> tuple[bytes, bytes]:
     return body.encode(), fixed.encode()
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as in a terminal, also when the tests run as a background job of a shell script
+    (which starts them with SIGINT ignored, so Python would install no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 @pytest.mark.parametrize("jobs", ["1", "2"])
@@ -172,7 +178,8 @@ def test_interrupted_fix_leaves_every_file_original_or_fully_fixed(tmp_path: Pat
     original, fixed = _many_files(tmp_path, 240)
     proc = subprocess.Popen([sys.executable, "-m", "bnfix", "fix", "--unsafe-fixes", "--no-cache",
                              "-j", jobs, "--no-progress", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until some files are written, not all
         done = sum(p.read_bytes() == fixed for p in tmp_path.glob("*.py"))
