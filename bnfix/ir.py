@@ -830,11 +830,19 @@ class ModuleIR:
     project_notes: list[str] = field(default_factory=list)  # where cross-file analysis gave up
     marks: list[Mark] = field(default_factory=list)  # this module's marks
     project_marks: list[Mark] = field(default_factory=list)  # every file's (empty: no project)
-    reached_facts: dict[str, list[Origin]] = field(default_factory=dict)  # facts of code it calls
+    # facts of code it calls: fact -> (file, (row, col, end row, end col)) of each place (kept
+    # raw: a fact can hold a thousand places and a rule asks for one fact; see `reached`)
+    reached_facts: dict[str, list[tuple[str, tuple[int, int, int, int]]]] = field(
+        default_factory=dict)
     project_apis: dict[str, ApiRef] = field(default_factory=dict)  # BN APIs the project builds
     imported: bool = True  # some other module of the project uses it (False: nothing does)
     script: bool = False  # has a `__main__` guard or module-level statements that run things
     in_package: bool = False  # its folder is a package (`__init__.py`): it is importable API
+
+    def reached(self, fact: str) -> list[Origin]:
+        """Where code this module calls states `fact` (other files)."""
+        return [Origin(path, Span(Pos(loc[0], loc[1]), Pos(loc[2], loc[3])))
+                for path, loc in self.reached_facts.get(fact, ())]
 
     @property
     def dead(self) -> bool:

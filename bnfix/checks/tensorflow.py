@@ -474,7 +474,7 @@ def _registers(module: ModuleIR, key: str, user: FunctionInfo | None) -> list[st
     places += [m.where() for m in module.marks if m.kind == f"registers:{key}" and (
         m.function is None or _runs_under(by_name.get(m.function), around))]
     places += [f"{shown_path(o.path)}:{o.span.start.row}"
-               for o in module.reached_facts.get(f"registers:{key}", [])]
+               for o in module.reached(f"registers:{key}")]
     places += [f"a BN in the graph its caller builds {_call_place(s)}" for s in _graph_callers(user)
                if f"registers:{key}" in s.facts]
     return places

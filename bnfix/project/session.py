@@ -17,7 +17,6 @@ goes to the same worker both times)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import os
@@ -182,11 +181,12 @@ class Worker:
             text = decode(self.read(path)).text
         except (Skipped, SourceError):
             return path, False
-        if len(names) <= 16:  # a substring search per name beats a regex alternation
+        if len(names) <= 16:  # a substring search per name beats splitting the text into words
             names = tuple(n for n in names if n in text)
             if not names:
                 return path, False
-        return path, _words(names).search(text) is not None
+        # the text's words once (a regex alternation of hundreds of names cost ~6 ms a file)
+        return path, not set(_WORD.findall(text)).isdisjoint(names)
 
     def check(self, path: str, project: FileProject | None, *, fix: bool, unsafe: bool,
               ignored: frozenset[str], known: str | None) -> FileResult:
@@ -238,9 +238,7 @@ def encode_source(text: str) -> bytes:
                                    "one or remove the character") from exc
 
 
-@functools.lru_cache(maxsize=64)
-def _words(names: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b")
+_WORD = re.compile(r"\w+")  # a name is a whole word, as `\bname\b` matches it
 
 
 def interesting_names(index: ProjectIndex) -> set[str]:

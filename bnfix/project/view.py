@@ -146,6 +146,7 @@ def file_context(index: ProjectIndex, module_id: str,
     if summary is None:
         return FileContext("")
     context = FileContext(summary.path)
+    facts: dict[str, dict[tuple[str, Loc], None]] = {}
     for function in summary.functions.values():
         for call in function.calls:
             if call.target.startswith("@") and all(
@@ -155,8 +156,8 @@ def file_context(index: ProjectIndex, module_id: str,
             if reached:
                 context.reaches[call.loc] = reached
             for fact, places in index.facts_at(module_id, call).items():
-                context.facts.setdefault(fact, []).extend(
-                    p for p in places if p[0] != summary.path)
+                seen = facts.setdefault(fact, {})  # each place once: many calls reach the same
+                seen.update((p, None) for p in places if p[0] != summary.path)
             built = _instantiated(index, module_id, call)
             if built is not None:
                 context.instances[call.loc] = built
@@ -164,7 +165,7 @@ def file_context(index: ProjectIndex, module_id: str,
             steps = _helper_steps(index, module_id, call)
             if steps:
                 context.steps[call.loc] = steps
-    context.facts = {k: v for k, v in context.facts.items() if v}
+    context.facts = {k: list(v) for k, v in facts.items() if v}
     for function in summary.functions.values():
         _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, module_id,
                  registers or {})
@@ -401,8 +402,7 @@ class ProjectView:
         module.project_notes.extend(self.context.notes)
         module.project_marks = [Mark(kind, span(lc), path, function)
                                 for kind, path, lc, function in self.context.marks]
-        module.reached_facts = {fact: [Origin(path, span(lc)) for path, lc in places]
-                                for fact, places in self.context.facts.items()}
+        module.reached_facts = self.context.facts
         module.project_apis = {a: self.by_id[a].ref for a in self.context.apis if a in self.by_id}
         module.imported = self.context.imported
         self._attach_freezes(resolver, module, summarizer)
