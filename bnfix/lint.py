@@ -173,7 +173,7 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     """Run over the paths: results, remaining diagnostics, fixes written (unless --diff)."""
     stderr = sys.stderr if stderr is None else stderr
     paths, missing = _existing(options)
-    walk = _walker(settings)
+    walk = walker(settings)
     outcome = Outcome([], [], 0, [], [])
     root = project_root(paths, settings.root if settings.source is not None else None) \
         if paths else Path.cwd()
@@ -242,7 +242,8 @@ def _existing(options: LintOptions) -> tuple[list[Path], list[Path]]:
     return [p for p in given if p not in missing], missing
 
 
-def _walker(settings: Settings) -> functools.partial:
+def walker(settings: Settings) -> functools.partial:
+    """`discover` with the configuration's excludes (check, stdin and the server walk alike)."""
     return functools.partial(discover, root=settings.root, exclude=settings.exclude,
                              extend_exclude=settings.extend_exclude,
                              respect_gitignore=settings.respect_gitignore)
@@ -335,7 +336,7 @@ def run(options: LintOptions, stdin: TextIO | None = None, stdout: TextIO | None
         return 0
     if options.show_files:
         paths, _ = _existing(options)
-        found = _walker(settings)(paths, force_exclude=options.force_exclude) if paths else ()
+        found = walker(settings)(paths, force_exclude=options.force_exclude) if paths else ()
         stdout.writelines(f"{name}\n" for name in sorted(os.path.abspath(c.path) for c in found))
         return 0
     sink = io.StringIO()  # --silent: everything goes here and nowhere else
@@ -491,7 +492,7 @@ def _stdin_result(options: LintOptions, settings: Settings, engine: Engine, text
         return FileResult(name or "-", engine.diagnose(text, name or "-", ignored)), []
     root = project_root([Path(name)], settings.root if settings.source is not None else None)
     outside = _Outside(root)
-    scope = [str(c.path) for c in _walker(settings)([root]) if not outside(c)]
+    scope = [str(c.path) for c in walker(settings)([root]) if not outside(c)]
     cache = findings_cache(engine, settings) if options.cache else None
     runner = ProjectRunner(engine, cache=cache, fix=fixing, unsafe=unsafe,
                            jobs=default_jobs() if options.jobs is None else options.jobs,

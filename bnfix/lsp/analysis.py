@@ -6,15 +6,13 @@ depend on it. No pygls here: the server converts what this returns."""
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bnfix.config import ConfigError, Settings
 from bnfix.engine import Engine, FileResult
-from bnfix.files import discover
-from bnfix.lint import LintOptions, UsageError, findings_cache, prepare
+from bnfix.lint import LintOptions, UsageError, findings_cache, prepare, walker
 from bnfix.project.runner import ProjectRunner
 from bnfix.project.session import project_root
 from bnfix.rulebook import RuleBook
@@ -102,9 +100,7 @@ def _analyse_buffer(doc: Document, outcome: Outcome, fixing: bool, unsafe: bool)
 def _run(project: _Project, texts: dict[str, str], outcome: Outcome, use_cache: bool,
          fix_uri: str | None, unsafe: bool) -> None:
     settings, engine = project.settings, project.engine
-    walk = functools.partial(discover, root=settings.root, exclude=settings.exclude,
-                             extend_exclude=settings.extend_exclude,
-                             respect_gitignore=settings.respect_gitignore)
+    walk = walker(settings)
     by_path: dict[str, Document] = {}
     for doc in project.documents:
         assert doc.path is not None

@@ -114,22 +114,6 @@ class ModuleMap:
                     return found, ".".join(parts[cut:])
         return None
 
-    def resolve_relative(self, level: int, module: str | None, importer: str) -> str | None:
-        """`from ..models import net` in `importer` -> the absolute dotted module named, in
-        the importer's canonical naming (None when it climbs above its root)."""
-        record = self.by_path.get(os.path.abspath(importer))
-        if record is None:
-            return None
-        package = record.import_name.split(".")
-        if not record.package:
-            package = package[:-1]
-        if level - 1 > len(package):
-            return None
-        base = package[: len(package) - (level - 1)]
-        if module:
-            base = [*base, *module.split(".")]
-        return ".".join(base) or None
-
     def _roots(self, importer: str | None) -> list[str]:
         roots: list[str] = []
         if importer is not None:
