@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bnfix.rulebook import RuleBook, RuleBookError, tomllib
-from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, read_source
+from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, UNLIMITED, Skipped, SourceError, read_source
 
 KNOWN_KEYS = {
     "select", "ignore", "extend-select", "per-file-ignores", "exclude", "extend-exclude",
@@ -28,7 +28,6 @@ SELECTOR_KEYS = ("select", "ignore", "extend-select")
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a pyproject.toml larger than this is not a configuration
 _SIZE = re.compile(r"(\d+)\s*([kmg]?)(?:i?b)?", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
-MAX_UNLIMITED = 1 << 62  # `max-file-size = 0`
 # The TensorFlow release code is assumed to run on unless `target-tensorflow` says otherwise:
 # the newest one bnfix's rules are checked against.
 CURRENT_TENSORFLOW = (2, 21)
@@ -61,7 +60,7 @@ class Settings:
     @property
     def max_bytes(self) -> int:
         """The size above which a file is skipped (read_source's cap)."""
-        return self.max_file_size or MAX_UNLIMITED
+        return self.max_file_size or UNLIMITED
 
     @property
     def targets(self) -> dict[str, tuple[int, ...]]:

@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bnfix.source.reader import UNLIMITED, Skipped, SourceError, read_source
+
 TEMP_SUFFIX = ".bnfix"
 # `.NAME.` + mkstemp's 8 random characters + `.bnfix`: nothing else is ever removed
 _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.bnfix", re.DOTALL)
@@ -50,15 +52,9 @@ def current_digest(path: Path) -> str | None:
     """The digest of what `path` holds now (opened again by name: an editor that saved by
     renaming a new file over it is seen); None when it is not a readable regular file."""
     try:
-        fd = os.open(path, _FLAGS | os.O_RDONLY)
-    except OSError:
+        return digest(read_source(path, UNLIMITED))
+    except (SourceError, Skipped):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return digest(_read_all(fd))
-    finally:
-        os.close(fd)
 
 
 class Writer:

@@ -111,6 +111,7 @@ def python2_hint(message: str, line: str) -> str | None:
 # 12,426 of them (tensorflow, torch, keras, libcst ...): 1.38 MB hand-written (torch's
 # common_methods_invocations.py), 0.68 MB generated (tensorflow's gen_*_ops.py).
 DEFAULT_MAX_FILE_BYTES = 2 * 1024 * 1024
+UNLIMITED = 1 << 62  # no size limit (`max-file-size = 0`)
 
 
 class Skipped(Exception):
