@@ -90,8 +90,10 @@ class Settings:
         for pattern, codes in self.per_file_ignores.items():
             check_selectors(book, codes, f"{where} `per-file-ignores` {_show(pattern)}")
 
-    def ignored_for(self, path: Path, book: RuleBook) -> frozenset[str]:
-        """Codes that `per-file-ignores` switches off for `path`."""
+    def ignored_for(self, path: Path, book: RuleBook,
+                    target: str | None = "source") -> frozenset[str]:
+        """Codes of `target`'s rules (source for check, artifact for inspect) that
+        `per-file-ignores` switches off for `path`."""
         if not self.per_file_ignores:
             return frozenset()
         try:
@@ -103,7 +105,7 @@ class Settings:
             if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(path.name, pattern) or \
                     rel.startswith(pattern.rstrip("/") + "/"):
                 try:
-                    out |= book.expand(codes)
+                    out |= book.expand(codes, target=target)
                 except RuleBookError as exc:
                     raise ConfigError(f"per-file-ignores `{pattern}`: {exc}") from exc
         return frozenset(out)

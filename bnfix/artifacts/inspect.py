@@ -17,7 +17,6 @@ are unchanged is reported from it without being read.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -89,24 +88,12 @@ def enabled_codes(book: RuleBook, select: Sequence[str] | None = None,
 
 
 def ignored_for(settings: Settings, path: Path, book: RuleBook) -> frozenset[str]:
-    """Artifact codes `per-file-ignores` switches off for `path`: `Settings.ignored_for`'s
-    matching, expanded to artifact rules (it expands to source rules only)."""
-    if not settings.per_file_ignores:
-        return frozenset()
+    """Artifact codes `per-file-ignores` switches off for `path` (a code that names no rule is
+    a usage error of inspect's)."""
     try:
-        rel = path.resolve().relative_to(settings.root.resolve()).as_posix()
-    except ValueError:
-        rel = path.as_posix()
-    out: set[str] = set()
-    for pattern, codes in settings.per_file_ignores.items():
-        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(path.name, pattern) or \
-                rel.startswith(pattern.rstrip("/") + "/"):
-            try:
-                out |= book.expand(codes, target=TARGET)
-            except RuleBookError as exc:
-                raise InspectUsageError(f"{settings.source}: per-file-ignores `{pattern}`: "
-                                        f"{exc}") from None
-    return frozenset(out)
+        return settings.ignored_for(path, book, target=TARGET)
+    except ConfigError as exc:
+        raise InspectUsageError(f"{settings.source}: {exc}") from None
 
 
 def _excluder(settings: Settings) -> Callable[[Path], bool] | None:
