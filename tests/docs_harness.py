@@ -53,10 +53,18 @@ except ImportError:  # Python 3.10
 RUN = {"console", "sh", "bash", "shell", "python"}
 PARSE = {"toml", "yaml", "json"}
 TEXT = {"text"}
-COPY_IGNORE = shutil.ignore_patterns(
+_IGNORED_NAMES = shutil.ignore_patterns(
     ".git", "__pycache__", "*.pyc", ".bnfix_cache", ".pytest_cache", ".ruff_cache", "*.egg-info",
     "build", "dist", "site", ".venv",
 )
+
+
+def COPY_IGNORE(folder: str, names: list[str]) -> set[str]:  # noqa: N802 (shutil's callback)
+    """What a scratch copy leaves out: tool output and caches, and any virtual environment
+    whatever its name (a folder with `pyvenv.cfg`: a CI that makes its venv inside the
+    checkout would otherwise be copied, gigabytes, for every workspace)."""
+    skipped = set(_IGNORED_NAMES(folder, names))
+    return skipped | {n for n in names if os.path.isfile(os.path.join(folder, n, "pyvenv.cfg"))}
 DIRECTIVE = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 COMMAND_TIMEOUT = 600
 
