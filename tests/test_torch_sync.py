@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import bnfix.torch as bt
+from bnfix.torch import functional
 from bnfix.torch.functional import local_moments, merge_moments
 
 STEPS = 3
@@ -268,6 +269,27 @@ def test_unsynced_bn_differs_from_global_batch(gloo_run: tuple[int, list[dict], 
     # unsynced ranks also drift apart: their running statistics differ
     states = [r["unsynced"]["state"]["1.running_mean"] for r in ranks]
     assert any(not torch.equal(states[0], s) for s in states[1:])
+
+
+@pytest.mark.parametrize("inner", [(), (2,), (3, 2), (7,), (8,), (4, 4)])
+def test_channel_sums_are_the_kernels_on_every_row_length(inner: tuple[int, ...],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of 2-7 elements per (sample, channel) take two plain reductions instead of torch's
+    slow kernel: the same sums (fp64), for the forward's moments and the backward's dot."""
+    gen = torch.Generator().manual_seed(0)
+    c = torch.randn(5, 3, *inner, generator=gen, dtype=torch.float64)
+    dy = torch.randn(c.shape, generator=gen, dtype=torch.float64)
+    mean = torch.tensor([0.1, -0.2, 0.3], dtype=torch.float64)
+    var = torch.tensor([0.5, 2.0, 1.5], dtype=torch.float64)
+    chosen = functional._channel_sums(dy, c, mean, var, 1e-3)
+    monkeypatch.setattr(functional, "_CPU_KERNEL_MIN_INNER", 0)  # always the kernel
+    kernel = functional._channel_sums(dy, c, mean, var, 1e-3)
+    xhat = (c - mean.view(1, -1, *[1] * len(inner))) / (var + 1e-3).sqrt().view(
+        1, -1, *[1] * len(inner))
+    dims = [0, *range(2, c.dim())]
+    for got in (chosen, kernel):
+        torch.testing.assert_close(got[0], (dy * xhat).sum(dims), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got[1], dy.sum(dims), rtol=1e-12, atol=1e-12)
 
 
 def test_merge_is_stable_where_sum_of_squares_is_not() -> None:
