@@ -829,7 +829,12 @@ class ModuleIR:
     reached_sites: list[BNSite] = field(default_factory=list)
     project_notes: list[str] = field(default_factory=list)  # where cross-file analysis gave up
     marks: list[Mark] = field(default_factory=list)  # this module's marks
-    project_marks: list[Mark] = field(default_factory=list)  # every file's (empty: no project)
+    # every file's marks by kind, kept raw and shared by all files of the project (a project
+    # can hold a thousand; a rule asks for one kind): (file, (row, col, end row, end col),
+    # function); those of `project_path` (this file) are left out by `marks_of`
+    project_marks: dict[str, list[tuple[str, tuple[int, int, int, int], str | None]]] = field(
+        default_factory=dict)
+    project_path: str | None = None
     # facts of code it calls: fact -> (file, (row, col, end row, end col)) of each place (kept
     # raw: a fact can hold a thousand places and a rule asks for one fact; see `reached`)
     reached_facts: dict[str, list[tuple[str, tuple[int, int, int, int]]]] = field(
@@ -843,6 +848,13 @@ class ModuleIR:
         """Where code this module calls states `fact` (other files)."""
         return [Origin(path, Span(Pos(loc[0], loc[1]), Pos(loc[2], loc[3])))
                 for path, loc in self.reached_facts.get(fact, ())]
+
+    def marks_of(self, kind: str, *, local: bool = True) -> list[Mark]:
+        """The marks of `kind`: this module's (unless `local` is False), then other files'."""
+        own = [m for m in self.marks if m.kind == kind] if local else []
+        return own + [Mark(kind, Span(Pos(loc[0], loc[1]), Pos(loc[2], loc[3])), path, function)
+                      for path, loc, function in self.project_marks.get(kind, ())
+                      if path != self.project_path]
 
     @property
     def dead(self) -> bool:

@@ -63,7 +63,7 @@ def _plan(module: ModuleIR, site: BNSite, migration: Migration, target: str) -> 
     if site.api.id in module.arg_scoped:
         plan.refuse("an arg_scope in this module supplies arguments to this call: convert the "
                     "arg_scope too")
-    scopes = [m for m in module.project_marks if m.kind == f"arg_scope:{site.api.id}"]
+    scopes = module.marks_of(f"arg_scope:{site.api.id}", local=False)
     if scopes:
         plan.refuse(f"an arg_scope elsewhere in the project ({scopes[0].where()}) may supply "
                     "arguments to this call: convert it together with the arg_scope")

@@ -570,13 +570,13 @@ def _holds_stats(term: VarsTerm) -> bool:
 
 
 def _restore_related(module: ModuleIR) -> tuple[Related, ...]:
-    marks = [m for m in (*module.marks, *module.project_marks) if m.kind == "ema_restore"]
+    marks = module.marks_of("ema_restore")
     return tuple(Related(m.path, m.span, "restores the EMA shadows (the fix must keep this "
                                          "working)") for m in marks[:3])
 
 
 def _bn004_fix(module: ModuleIR, var_list: VarsExpr) -> Fix:
-    restores = [m for m in (*module.marks, *module.project_marks) if m.kind == "ema_restore"]
+    restores = module.marks_of("ema_restore")
     if restores:
         places = ", ".join(m.where() for m in restores[:3])
         return Fix(DISPLAY, "Average the trainable variables only, and restore the BN moving "

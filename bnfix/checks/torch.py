@@ -295,7 +295,7 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             f"(BatchNorm subtracts the per-channel mean, bias included): `{name}=False` saves the "
             "parameters and their optimizer state"
         )
-        loads = [m for m in (*module.marks, *module.project_marks) if m.kind == "loads_weights"]
+        loads = module.marks_of("loads_weights")
         if loads:
             fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only with weights that lack it: "
                                f"the project loads trained weights ({loads[0].where()}), which "

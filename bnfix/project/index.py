@@ -75,7 +75,8 @@ class ProjectIndex:
         self._callers: dict[tuple[str, str], list[Caller]] | None = None
         self._facts: dict[tuple[str, str], dict[str, list[tuple[str, Loc]]]] = {}
         self._facts_busy: set[tuple[str, str]] = set()
-        self._marks: list[tuple[str, str, Loc, str | None]] | None = None
+        self._marks: dict[str, list[tuple[str, Loc, str | None]]] | None = None
+        self._marked: set[str] = set()
         self._apis: set[str] | None = None
         self.gave_up: list[str] = []  # where resolution stopped (cycles, depth)
 
@@ -351,18 +352,25 @@ class ProjectIndex:
                 out.setdefault(fact, []).extend(places)
         return out
 
-    def project_marks(self) -> list[tuple[str, str, Loc, str | None]]:
-        """Every module's marks: (kind, file, location, function)."""
+    def project_marks(self) -> dict[str, list[tuple[str, Loc, str | None]]]:
+        """Every module's marks by kind: (file, location, function)."""
         if self._marks is None:
-            self._marks = []
+            self._marks = {}
             self._apis = set()
             for name in list(self.summaries):
                 summary = self.summaries.get(name)
                 if summary is None:
                     continue
-                self._marks.extend((k, summary.path, lc, f) for k, lc, f in summary.marks)
+                for kind, lc, function in summary.marks:
+                    self._marks.setdefault(kind, []).append((summary.path, lc, function))
+                    self._marked.add(summary.path)
                 self._apis.update(b.api for f in summary.functions.values() for b in f.bn)
         return self._marks
+
+    def marked_files(self) -> set[str]:
+        """The files that have marks."""
+        self.project_marks()
+        return self._marked
 
     def project_apis(self) -> frozenset[str]:
         """The BN API ids the project builds anywhere."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import pickle
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,9 +147,11 @@ class ModuleSummary:
     # -- serialisation -------------------------------------------------------------------------
 
     def to_data(self) -> dict[str, Any]:
+        return {"format": FORMAT, "digest": self.digest, **self._content()}
+
+    def _content(self) -> dict[str, Any]:
         return {
-            "format": FORMAT, "digest": self.digest, "module": self.module,
-            "import_name": self.import_name,
+            "module": self.module, "import_name": self.import_name,
             "path": self.path, "imports": dict(sorted(self.imports.items())),
             "star": list(self.star_imports), "facts": list(self.facts),
             "marks": [[k, list(lc), f] for k, lc, f in self.marks],
@@ -188,7 +189,8 @@ class ModuleSummary:
         """What dependents' cached findings are keyed by: a change that leaves the summary the
         same (a comment, a line that says nothing about BN) does not re-check them. Taken
         once, when the summary is made (the cache stores it with the summary)."""
-        return hashlib.sha256(pickle.dumps(self, protocol=5)).hexdigest()[:20]
+        text = json.dumps(self._content(), separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def _refs(args: dict[str, Ref]) -> dict[str, Any]:

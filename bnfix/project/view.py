@@ -27,7 +27,6 @@ from bnfix.ir import (
     FreezeCall,
     FromParam,
     FunctionInfo,
-    Mark,
     ModelStep,
     ModuleIR,
     Origin,
@@ -119,7 +118,9 @@ class FileContext:
     calls: dict[Key, list[ForeignCall]] = field(default_factory=dict)  # callee -> callers
     functions: dict[Key, ForeignFunction] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    marks: list[tuple[str, str, Loc, str | None]] = field(default_factory=list)  # other files'
+    # every file's marks by kind (the index's, shared): (file, where, function)
+    marks: dict[str, list[tuple[str, Loc, str | None]]] = field(default_factory=dict)
+    other_marks: bool = False  # some other file has marks
     facts: dict[str, list[tuple[str, Loc]]] = field(default_factory=dict)  # of code it calls
     apis: frozenset[str] = frozenset()  # BN APIs the project builds
     instances: dict[Loc, ClassInfo] = field(default_factory=dict)  # calls that build a class
@@ -128,7 +129,7 @@ class FileContext:
 
     @property
     def empty(self) -> bool:
-        return not (self.reaches or self.calls or self.marks or self.facts or self.steps or
+        return not (self.reaches or self.calls or self.other_marks or self.facts or self.steps or
                     self.instances) and self.imported
 
 
@@ -169,7 +170,8 @@ def file_context(index: ProjectIndex, module_id: str,
     for function in summary.functions.values():
         _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, module_id,
                  registers or {})
-    context.marks = [m for m in index.project_marks() if m[1] != summary.path]
+    context.marks = index.project_marks()
+    context.other_marks = bool(index.marked_files() - {summary.path})
     context.apis = index.project_apis()
     context.notes = list(dict.fromkeys(index.gave_up))
     return context
@@ -400,8 +402,8 @@ class ProjectView:
                 function.call_sites.append(self._call_site(call, function, CALLER_DEPTH))
             self._frozen_params(resolver, module, function, foreign)
         module.project_notes.extend(self.context.notes)
-        module.project_marks = [Mark(kind, span(lc), path, function)
-                                for kind, path, lc, function in self.context.marks]
+        module.project_marks = self.context.marks
+        module.project_path = self.context.path
         module.reached_facts = self.context.facts
         module.project_apis = {a: self.by_id[a].ref for a in self.context.apis if a in self.by_id}
         module.imported = self.context.imported
