@@ -102,3 +102,45 @@ def test_a_large_tree_finishes(tmp_path: Path):
                     timeout=600)
     assert run.returncode == 1, run.stderr
     assert run.stdout.splitlines()[0].startswith("pkg0/net.py:5:")
+
+
+def test_the_garbage_collector_is_paused_for_a_run_and_restored(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """The run pauses CPython's cyclic collector (it scanned the run's millions of long-lived
+    objects again and again) and gives it back as it found it: after a run, after an
+    interrupted one, and left off when the caller had it off."""
+    import gc
+
+    from bnfix.project import session
+
+    write_tree(tmp_path, {"a.py": BN + "y = tf.layers.batch_normalization(x, training=True, "
+                                       "trainable=False)\n"})
+    during = []
+    summarise = session.Worker.summarise
+
+    def watched(self, *args, **kwargs):
+        during.append(gc.isenabled())
+        return summarise(self, *args, **kwargs)
+
+    monkeypatch.setattr(session.Worker, "summarise", watched)
+    assert gc.isenabled()
+    assert rows(tmp_path, ["BN001"]) == {("a.py", "BN001", 2)}
+    assert during and not any(during)
+    assert gc.isenabled()
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session.Worker, "summarise", interrupted)
+    try:
+        check_paths([tmp_path], select=["BN001"])
+    except KeyboardInterrupt:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        monkeypatch.setattr(session.Worker, "summarise", watched)
+        rows(tmp_path, ["BN001"])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -7,6 +7,7 @@ Ctrl-C stops everything promptly (the parent handles signals; workers never writ
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ OUTSTANDING = 2  # chunks in flight per process
 def _serve(conn: Connection, make: Callable[[], Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    gc.disable()  # a worker lives for one run (see ProjectRunner.run)
     state = make()
     while True:
         try:
