@@ -58,6 +58,9 @@ class ModuleMap:
     by_path: dict[str, ModuleFile] = field(default_factory=dict)
     _files: set[str] = field(default_factory=set)  # absolute paths of .py files
     _dirs: set[str] = field(default_factory=set)  # absolute folders holding .py files
+    # resolve()'s answers by (dotted name, importer): every file of a package asks the same
+    _resolved: dict[tuple[str, str | None], tuple[ModuleFile, str] | None] = field(
+        default_factory=dict)
 
     @classmethod
     def build(cls, paths: Iterable[str | Path], project_root: str | Path) -> ModuleMap:
@@ -106,6 +109,12 @@ class ModuleMap:
         """The module file an absolute import of `dotted` reaches from the file `importer`
         (absolute path), and the rest of the dotted name inside it (`models.net.Net` ->
         (models/net.py, "Net")). None when no search root holds it."""
+        key = (dotted, importer)
+        if key not in self._resolved:
+            self._resolved[key] = self._search(dotted, importer)
+        return self._resolved[key]
+
+    def _search(self, dotted: str, importer: str | None) -> tuple[ModuleFile, str] | None:
         parts = dotted.split(".")
         for root in self._roots(importer):
             for cut in range(len(parts), 0, -1):
