@@ -295,7 +295,6 @@ class ProjectRunner:
         """Step 4: findings of the files asked about."""
         forward = self._edges(plans, index, scope)
         backward = reverse(forward)
-        jobs = []
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
             if plan.done is not None and plan.done.note:
@@ -328,15 +327,21 @@ class ProjectRunner:
                                                    digest=digest), consulted)
                 continue
             waiting[plan.absolute] = (plan, consulted)
-            known = file_context(index, plan.ref.module_id, self._registers) \
-                if plan.summarised else None
-            if known is not None:
-                known.imported = plan.ref.module_id in backward
-            jobs.append((plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
-                                       known, plan.ignored, self.fix, self.unsafe)))
-        if not jobs:
+        if not waiting:
             return
-        for result in self._workers(len(jobs)).run("check_file", jobs):
+
+        def jobs() -> Iterator[tuple[int, tuple[object, ...]]]:
+            """Each file's job, its project context computed here when a worker is about to
+            need it (the workers check the files before while this process builds it)."""
+            for plan, _ in waiting.values():
+                known = file_context(index, plan.ref.module_id, self._registers) \
+                    if plan.summarised else None
+                if known is not None:
+                    known.imported = plan.ref.module_id in backward
+                yield plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
+                                    known, plan.ignored, self.fix, self.unsafe)
+
+        for result in self._workers(len(waiting)).run("check_file", jobs()):
             plan, consulted = waiting[result.path]
             result.path = plan.shown
             result.notes = [plan.shown + note[len(plan.absolute):]

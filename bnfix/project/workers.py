@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -42,7 +42,7 @@ class InProcess:
         self.state = make()
         self.size = 1
 
-    def run(self, method: str, jobs: list[tuple[int, tuple[Any, ...]]]) -> Iterator[Any]:
+    def run(self, method: str, jobs: Iterable[tuple[int, tuple[Any, ...]]]) -> Iterator[Any]:
         for _, args in jobs:
             yield getattr(self.state, method)(*args)
 
@@ -68,21 +68,37 @@ class Processes:
             self.conns.append(parent)
             self.procs.append(proc)
 
-    def run(self, method: str, jobs: list[tuple[int, tuple[Any, ...]]]) -> Iterator[Any]:
-        """Results of `state.method(*args)` for every (worker, args) job, as they arrive."""
+    def run(self, method: str, jobs: Iterable[tuple[int, tuple[Any, ...]]]) -> Iterator[Any]:
+        """Results of `state.method(*args)` for every (worker, args) job, as they arrive. The
+        jobs are drawn from `jobs` only as the workers need them (a job may be costly to
+        make: the workers run the jobs made before meanwhile)."""
+        source = iter(jobs)
         queues: list[list[tuple[Any, ...]]] = [[] for _ in range(self.size)]
-        for worker, args in jobs:
-            queues[worker % self.size].append(args)
         pending = {i: 0 for i in range(self.size)}
+        drawn = False  # every job is in a queue
 
-        def feed(i: int) -> None:
-            while pending[i] < OUTSTANDING and queues[i]:
-                chunk, queues[i][:] = queues[i][:CHUNK], queues[i][CHUNK:]
-                self.conns[i].send((method, chunk))
-                pending[i] += 1
+        def draw(i: int) -> None:
+            """Draw jobs until worker i has a chunk's worth (or none are left)."""
+            nonlocal drawn
+            while not drawn and len(queues[i]) < CHUNK:
+                try:
+                    worker, args = next(source)
+                except StopIteration:
+                    drawn = True
+                    return
+                queues[worker % self.size].append(args)
 
-        for i in range(self.size):
-            feed(i)
+        def feed() -> None:
+            for i in range(self.size):
+                while pending[i] < OUTSTANDING:
+                    draw(i)
+                    if not queues[i]:
+                        break
+                    chunk, queues[i][:] = queues[i][:CHUNK], queues[i][CHUNK:]
+                    self.conns[i].send((method, chunk))
+                    pending[i] += 1
+
+        feed()
         while any(pending.values()):
             ready = wait([self.conns[i] for i in range(self.size) if pending[i]])
             for conn in ready:
@@ -93,7 +109,7 @@ class Processes:
                     raise RuntimeError(f"a bnfix worker process died (exit code "
                                        f"{self.procs[i].exitcode})") from exc
                 pending[i] -= 1
-                feed(i)
+                feed()
                 yield from results
 
     def close(self) -> None:
