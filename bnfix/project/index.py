@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from bnfix.project.modules import ModuleMap
 from bnfix.project.summary import (
@@ -79,6 +80,9 @@ class ProjectIndex:
         self._marked: set[str] = set()
         self._apis: set[str] | None = None
         self.gave_up: list[str] = []  # where resolution stopped (cycles, depth)
+        # what the project view derives from the index, by the view's key (the index does not
+        # change while it lives)
+        self.memo: dict[tuple[str, ...], Any] = {}
 
     # -- resolution ------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import hashlib
 import io
 import os
 import re
+import sys
 import tokenize
 import traceback
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ class Worker:
     first_party: frozenset[str] = frozenset()
     # texts that stand in for files, by absolute path (an editor's unsaved buffers)
     overlay: dict[str, str] = field(default_factory=dict)
+    # the words of files searched by `mentions` (the next expansion round searches them again
+    # for more names: one read and one split per file, not one per round)
+    words: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def set_project(self, first_party: frozenset[str]) -> None:
         self.first_party = first_party
@@ -177,16 +181,15 @@ class Worker:
 
     def mentions(self, path: str, names: tuple[str, ...]) -> tuple[str, bool]:
         """Whether the file's text holds one of the names (as a word)."""
-        try:
-            text = decode(self.read(path)).text
-        except (Skipped, SourceError):
-            return path, False
-        if len(names) <= 16:  # a substring search per name beats splitting the text into words
-            names = tuple(n for n in names if n in text)
-            if not names:
+        words = self.words.get(path)
+        if words is None:
+            try:
+                text = decode(self.read(path)).text
+            except (Skipped, SourceError):
                 return path, False
-        # the text's words once (a regex alternation of hundreds of names cost ~6 ms a file)
-        return path, not set(_WORD.findall(text)).isdisjoint(names)
+            # the text's words (a regex alternation of hundreds of names cost ~6 ms a file)
+            words = self.words[path] = frozenset(map(sys.intern, _WORD.findall(text)))
+        return path, not words.isdisjoint(names)
 
     def check(self, path: str, project: FileProject | None, *, fix: bool, unsafe: bool,
               ignored: frozenset[str], known: str | None) -> FileResult:

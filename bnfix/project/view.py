@@ -309,20 +309,24 @@ def _frozen_names(index: ProjectIndex, module_id: str, function: FunctionSummary
     receives it holds a frozen model."""
     if function is None:
         return ()
-    out = []
-    for record in function.calls:
-        if record.assigned is None or record.loc >= call.loc:
-            continue
-        info = _instantiated(index, module_id, record)
-        if info is None or "train_refreezes" in info.facts:
-            continue
-        for fact in info.facts:
-            if fact.startswith("init_freeze:"):
-                text = fact.split(":", 1)[1].partition("?=")[0]
-                path = index.summaries[module_id].path
-                out.append(f"frozen:{record.assigned}={text}|{info.name}|"
-                           f"{shown_path(path)}:{record.loc[0]}")
-    return tuple(out)
+    key = ("frozen_names", module_id, function.qualname)
+    found = index.memo.get(key)
+    if found is None:  # every call of a function asks: its assignments are looked at once
+        found = index.memo[key] = []
+        for record in function.calls:
+            if record.assigned is None:
+                continue
+            info = _instantiated(index, module_id, record)
+            if info is None or "train_refreezes" in info.facts:
+                continue
+            for fact in info.facts:
+                if fact.startswith("init_freeze:"):
+                    text = fact.split(":", 1)[1].partition("?=")[0]
+                    path = index.summaries[module_id].path
+                    frozen = (f"frozen:{record.assigned}={text}|{info.name}|"
+                              f"{shown_path(path)}:{record.loc[0]}")
+                    found.append((record.loc, frozen))
+    return tuple(fact for loc, fact in found if loc < call.loc)
 
 
 def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,

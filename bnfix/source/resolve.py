@@ -96,7 +96,7 @@ class Resolver:
         module.device_scopes = self.device_scopes
         module.bn_models = [LibraryModel(r.written, self.text.slice(self.text.span(r.call.func)),
                                          self.text.span(r.call)) for r in self.w.bn_model_raw]
-        module.backends = frozenset(BACKEND.findall(self.text.text))
+        module.backends = _backends(self.text.text)
         module.marks = [Mark(kind, self.text.span(node), None,
                              ctx.function.qualname if ctx.function else None)
                         for kind, node, ctx in self.w.marks]
@@ -862,6 +862,14 @@ def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:
 
 
 BACKEND = re.compile(r"""(?<=["'])(gloo|nccl|mpi)(?=["'])""")
+
+
+def _backends(text: str) -> frozenset[str]:
+    """The torch.distributed backends the text names as strings (a substring test first: the
+    look-behind scan costs ~0.4 ms on a file that names none)."""
+    if "gloo" not in text and "nccl" not in text and "mpi" not in text:
+        return frozenset()
+    return frozenset(BACKEND.findall(text))
 _TOWER_COUNT = re.compile(r"tower|gpu|clone|replica|device|worker|split")
 
 
