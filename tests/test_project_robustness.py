@@ -144,3 +144,63 @@ def test_the_garbage_collector_is_paused_for_a_run_and_restored(tmp_path: Path,
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_callers_read_from_the_modules_that_reach_a_module_are_all_its_callers(
+        tmp_path: Path, monkeypatch) -> None:
+    """`ProjectIndex.callers` reads only the modules that can reach the callee's module (the
+    dependency graph's edges, from the cache on a warm run): on the fixtures and on a project
+    that calls through `__init__` re-exports, a star import, a two-hop re-export and an
+    inherited method, every answer equals the one from reading every module, cold and warm
+    after an edit."""
+    import shutil
+
+    from conftest import REPO
+
+    from bnfix.project.index import ProjectIndex
+
+    original = ProjectIndex.callers
+    compared: list[tuple[str, str, int]] = []
+
+    def both(self: ProjectIndex, module: str, qualname: str):
+        got = original(self, module, qualname)
+        if self.dependents is not None:  # each answer alone, from fresh indexes
+            alone = ProjectIndex(self.summaries, self.modules)
+            alone.dependents = self.dependents
+            every = ProjectIndex(self.summaries, self.modules)
+            assert got == original(alone, module, qualname) == original(every, module, qualname), \
+                (module, qualname)
+            compared.append((module, qualname, len(got)))
+        return got
+
+    monkeypatch.setattr(ProjectIndex, "callers", both)
+    for fixture in ("tf1_project", "torch_project"):
+        shutil.copytree(REPO / "fixtures" / fixture, tmp_path / fixture)
+        check_paths([tmp_path / fixture])
+    project = tmp_path / "project"
+    write_tree(project, {
+        "nets/__init__.py": "from .blocks import conv_bn\nfrom .base import *\n",
+        "nets/blocks.py": BN + "\n\ndef conv_bn(x, is_training, trainable=True):\n"
+                          "    return tf.layers.batch_normalization(x, training=is_training, "
+                          "trainable=trainable)\n",
+        "nets/base.py": "from .blocks import conv_bn\n\n__all__ = ['Base']\n\n\nclass Base:\n"
+                        "    def block(self, x, t):\n        return conv_bn(x, t, trainable=False)\n",
+        "models/__init__.py": "from nets import conv_bn\n",
+        "models/net.py": "from nets import Base\n\n\nclass Net(Base):\n"
+                         "    def __call__(self, x):\n        return self.block(x, True)\n",
+        "nets/other.py": BN + "\n\ndef conv_bn(x, is_training, trainable=True):\n"
+                         "    return tf.layers.batch_normalization(x, training=is_training, "
+                         "trainable=trainable)\n",
+        "train.py": "import models\nfrom models.net import Net\n\n"
+                    "net = models.conv_bn(images, True, trainable=False)\nout = Net()(images)\n",
+    })
+    check_paths([project], cache=True)
+    # warm, after the package re-exports `conv_bn` from the other module: train.py and
+    # models/__init__.py are unchanged and their cached edges name nets.blocks; the call in
+    # train.py now reaches nets.other through the re-exports (edges models -> nets -> other)
+    (project / "nets" / "__init__.py").write_text(
+        "from .other import conv_bn\nfrom .base import *\n")
+    compared.clear()
+    report = check_paths([project], cache=True)
+    assert ("nets.other", "conv_bn", 1) in compared
+    assert any(d.path.endswith("train.py") and d.code == "BN001" for d in report.remaining)

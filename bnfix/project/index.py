@@ -6,7 +6,6 @@ question: who calls a function, from where, with what."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,8 @@ from bnfix.project.summary import (
     Loc,
     ModuleSummary,
     Ref,
+    SummaryStore,
+    outline,
 )
 
 MAX_DEPTH = 8  # re-exports / bases followed
@@ -73,7 +74,15 @@ class ProjectIndex:
         self._cuts = 0  # times a recursion was cut (results computed meanwhile are partial)
         self._steps = 0
         self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
-        self._callers: dict[tuple[str, str], list[Caller]] | None = None
+        # the calls of the modules read so far, by callee; `callers` reads the modules that
+        # can reach the module asked about (every module without `dependents`)
+        self._callers: dict[tuple[str, str], list[Caller]] = {}
+        self._callers_read: set[str] = set()
+        self._callers_ready: set[str] = set()
+        self._rank: dict[str, int] | None = None
+        # module -> the modules that depend on it directly (imports, calls, bases), when the
+        # project pass has them: `callers` then reads only the modules that can reach one
+        self.dependents: Mapping[str, set[str]] | None = None
         self._facts: dict[tuple[str, str], dict[str, list[tuple[str, Loc]]]] = {}
         self._facts_busy: set[tuple[str, str]] = set()
         self._marks: dict[str, list[tuple[str, Loc, str | None]]] | None = None
@@ -362,13 +371,15 @@ class ProjectIndex:
             self._marks = {}
             self._apis = set()
             for name in list(self.summaries):
-                summary = self.summaries.get(name)
-                if summary is None:
+                found = self.summaries.outline(name) if isinstance(self.summaries, SummaryStore) \
+                    else outline(self.summaries.get(name))
+                if found is None:
                     continue
-                for kind, lc, function in summary.marks:
-                    self._marks.setdefault(kind, []).append((summary.path, lc, function))
-                    self._marked.add(summary.path)
-                self._apis.update(b.api for f in summary.functions.values() for b in f.bn)
+                path, marks, apis = found
+                for kind, lc, function in marks:
+                    self._marks.setdefault(kind, []).append((path, lc, function))
+                    self._marked.add(path)
+                self._apis.update(apis)
         return self._marks
 
     def marked_files(self) -> set[str]:
@@ -384,19 +395,45 @@ class ProjectIndex:
     # -- who calls whom ----------------------------------------------------------------------
 
     def callers(self, module: str, qualname: str) -> list[Caller]:
-        """The calls of `module.qualname` anywhere in the project."""
-        if self._callers is None:
-            table: dict[tuple[str, str], list[Caller]] = defaultdict(list)
-            for name in list(self.summaries):
-                summary = self.summaries.get(name)
-                if summary is None:
-                    continue
-                for function in summary.functions.values():
-                    for call in function.calls:
-                        for target in self.targets(name, call.target):
-                            table[target.key].append(Caller(name, function.qualname, call))
-            self._callers = dict(table)
-        return self._callers.get((module, qualname), [])
+        """The calls of `module.qualname` anywhere in the project, in the project's module
+        order. With `dependents` known, only the modules that can reach `module` are read: a
+        call that resolves into a module goes through imports, each an edge of the dependency
+        graph (cached edges may be stale by a re-export, never by a whole path)."""
+        if module not in self._callers_ready:
+            readers = list(self.summaries) if self.dependents is None else \
+                self._reaching(module)
+            for reader in readers:
+                if reader not in self._callers_read:
+                    self._callers_read.add(reader)
+                    self._read_calls(reader)
+            self._callers_ready.add(module)
+        found = self._callers.get((module, qualname), [])
+        if len(found) > 1:
+            if self._rank is None:
+                self._rank = {name: i for i, name in enumerate(self.summaries)}
+            found.sort(key=lambda caller: self._rank.get(caller.module, -1))  # stable
+        return list(found)
+
+    def _reaching(self, module: str) -> set[str]:
+        assert self.dependents is not None
+        reaching = {module}
+        frontier = [module]
+        while frontier:
+            for name in self.dependents.get(frontier.pop(), ()):
+                if name not in reaching:
+                    reaching.add(name)
+                    frontier.append(name)
+        return reaching
+
+    def _read_calls(self, reader: str) -> None:
+        summary = self.summaries.get(reader)
+        if summary is None:
+            return
+        for function in summary.functions.values():
+            for call in function.calls:
+                for target in self.targets(reader, call.target):
+                    self._callers.setdefault(target.key, []).append(
+                        Caller(reader, function.qualname, call))
 
     def module_of_path(self, path: str) -> str | None:
         record = self.modules.of(path)

@@ -295,6 +295,7 @@ class ProjectRunner:
         """Step 4: findings of the files asked about."""
         forward = self._edges(plans, index, scope)
         backward = reverse(forward)
+        index.dependents = backward
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
             if plan.done is not None and plan.done.note:

@@ -264,6 +264,22 @@ class SummaryStore(Mapping[str, ModuleSummary]):
             self.digests.pop(module, None)
             return default
 
+    def outline(self, module: str) -> Outline | None:
+        """The module's `outline`, read from its JSON text when the summary was not built
+        (every module's marks are wanted; building every summary for them cost more)."""
+        found = self._objects.get(module)
+        if found is not None:
+            return outline(found)
+        text = self._texts.get(module)
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+            return (data["path"], tuple((k, tuple(lc), f) for k, lc, f in data["marks"]),
+                    frozenset(b[0] for item in data["functions"] for b in item[5]))
+        except (ValueError, KeyError, TypeError, IndexError):
+            return outline(self.get(module))  # corrupt: as absent, as `get` makes it
+
     def __contains__(self, module: object) -> bool:
         return module in self._objects or module in self._texts
 
@@ -285,6 +301,17 @@ class SummaryStore(Mapping[str, ModuleSummary]):
         for name, text in texts.items():
             store.add_text(name, text, digests.get(name, ""))
         return store
+
+
+# a summary's file, marks (kind, where, function) and the BN APIs its functions build
+Outline = tuple[str, tuple[tuple[str, Loc, str | None], ...], frozenset[str]]
+
+
+def outline(summary: ModuleSummary | None) -> Outline | None:
+    if summary is None:
+        return None
+    return (summary.path, summary.marks,
+            frozenset(b.api for f in summary.functions.values() for b in f.bn))
 
 
 def summary_text(summary: ModuleSummary) -> str:
