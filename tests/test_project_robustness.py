@@ -43,6 +43,20 @@ def test_star_imports_and_reexports_resolve(tmp_path: Path):
     assert rows(tmp_path, ["BN001"]) == {("train.py", "BN001", 3)}
 
 
+def test_a_wrapper_reexported_under_another_name_is_followed(tmp_path: Path):
+    """`from nets import conv_bn as cb` in a package's `__init__`: a script that calls `cb`
+    never names `conv_bn`, and is still analysed with the project."""
+    write_tree(tmp_path, {
+        "nets/__init__.py": "from .layers import conv_bn\n",
+        "nets/layers.py": BN + "\n\ndef conv_bn(x, is_training, trainable=True):\n"
+                          "    return tf.layers.batch_normalization(x, training=is_training, "
+                          "trainable=trainable)\n",
+        "models/__init__.py": "from nets import conv_bn as cb\n",
+        "train.py": "from models import cb\n\nnet = cb(images, True, trainable=False)\n",
+    })
+    assert rows(tmp_path, ["BN001"]) == {("train.py", "BN001", 3)}
+
+
 def test_one_module_under_two_names(tmp_path: Path):
     layers = BN + "\n\ndef bn(x, is_training, trainable=True):\n" \
                   "    return tf.layers.batch_normalization(x, training=is_training, trainable=trainable)\n"

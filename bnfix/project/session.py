@@ -255,6 +255,7 @@ def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
     """`interesting_names` with the last part of the defining module's name: a file that
     mentions both uses that code (a generic name such as `main` alone says little)."""
     pairs: set[tuple[str, str]] = set()
+    keys: set[tuple[str, str]] = set()  # the functions and classes found
     for module in list(index.summaries):
         summary = index.summaries.get(module)
         if summary is None:
@@ -264,9 +265,23 @@ def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
                 continue
             if function.facts or index.reach(module, function.qualname):
                 pairs.add((module.rsplit(".", 1)[-1], function.class_name or function.name))
+                keys.add((module, function.class_name or function.qualname))
         for klass in summary.classes.values():
             if klass.facts:
                 pairs.add((module.rsplit(".", 1)[-1], klass.name))
+                keys.add((module, klass.name))
+    # the other names a module gives them (`from .blocks import conv_bn as cb` in a package's
+    # `__init__`): a file that calls `cb` uses them without naming them
+    for module in list(index.summaries):
+        summary = index.summaries.get(module)
+        if summary is None:
+            continue
+        for local, dotted in summary.imports.items():
+            if local == dotted.rsplit(".", 1)[-1]:
+                continue
+            if any((t.module, t.qualname.split(".", 1)[0]) in keys
+                   for t in index.targets(module, "@" + local)):
+                pairs.add((module.rsplit(".", 1)[-1], local))
     return {(m, n) for m, n in pairs if n.isidentifier()}
 
 
