@@ -133,3 +133,28 @@ def test_editing_a_model_file_rechecks_its_users_and_nothing_else(tree, monkeypa
     assert sorted((Path(d.path).name, d.code) for d in third.remaining) == [
         ("other.py", "BN008"), ("train.py", "BN001")]
     assert sorted(checked) == ["models/layers.py", "train.py"]
+
+
+def test_two_runs_writing_the_cache_at_once_keep_each_others_entries(tmp_path, monkeypatch):
+    """A run re-reads the cache file before replacing it only when another process replaced it
+    since the run read it (parallel pre-commit chunks): then both runs' entries are kept."""
+    from bnfix.cache import Cache, Entry
+
+    def entry(digest: str) -> Entry:
+        return Entry(1, 2, digest, "ctx", True, None, None, None, None, None)
+
+    first, second = Cache(tmp_path, "k" * 24), Cache(tmp_path, "k" * 24)
+    first.put(tmp_path / "a.py", entry("a"))
+    second.put(tmp_path / "b.py", entry("b"))
+    first.save()
+    second.save()  # read before `first` wrote: it merges
+    merged = Cache(tmp_path, "k" * 24)
+    assert {Path(p).name: e.digest for p, e in merged.entries.items()} == {"a.py": "a", "b.py": "b"}
+    # nobody wrote the file since `merged` read it: it is written without being read again
+    reads = []
+    monkeypatch.setattr(Cache, "_load", lambda self: reads.append(1))
+    merged.put(tmp_path / "c.py", entry("c"))
+    merged.save()
+    assert reads == []
+    monkeypatch.undo()
+    assert {Path(p).name for p in Cache(tmp_path, "k" * 24).entries} == {"a.py", "b.py", "c.py"}
