@@ -188,6 +188,7 @@ def test_callers_read_from_the_modules_that_reach_a_module_are_all_its_callers(
         return got
 
     monkeypatch.setattr(ProjectIndex, "callers", both)
+    monkeypatch.chdir(tmp_path)  # the cache is written in the configuration's root: here
     for fixture in ("tf1_project", "torch_project"):
         shutil.copytree(REPO / "fixtures" / fixture, tmp_path / fixture)
         check_paths([tmp_path / fixture])
@@ -218,3 +219,96 @@ def test_callers_read_from_the_modules_that_reach_a_module_are_all_its_callers(
     report = check_paths([project], cache=True)
     assert ("nets.other", "conv_bn", 1) in compared
     assert any(d.path.endswith("train.py") and d.code == "BN001" for d in report.remaining)
+
+
+def test_the_name_search_after_an_edit_recomputes_what_reaches_it_and_equals_a_whole_search(
+        tmp_path: Path, monkeypatch) -> None:
+    """A warm run computes again only the name-search parts of the modules that reach a
+    changed summary (names.py); after each edit (a new wrapper, a module that starts to reach
+    BN, a script that then uses it and is summarised in a second round, BN removed) the names
+    equal those of a search over every module, and a module that reaches nothing edited is
+    never computed again."""
+    from bnfix.project import names
+    from bnfix.project.index import ProjectIndex
+    from bnfix.project.runner import ProjectRunner
+
+    computed: list[set[str]] = []
+    contributions, original = names.contributions, ProjectRunner._names
+
+    def recording(index, modules, digests, known):
+        computed.append(set(modules))
+        return contributions(index, modules, digests, known)
+
+    def compared(self, project, plans):
+        got = original(self, project, plans)
+        if self._pairs is not None:
+            every = contributions(ProjectIndex(self.store, self._modules), list(self.store),
+                                  {}, {})  # the unrecorded search over every module
+            whole = {pair for part in every.values() for pair in part.pairs}
+            assert self._pairs == whole
+            assert set(got) == {n for _, n in whole}
+        return got
+
+    monkeypatch.setattr(names, "contributions", recording)
+    monkeypatch.setattr(ProjectRunner, "_names", compared)
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)  # the cache is written in the configuration's root: here
+    write_tree(project, {
+        "models/__init__.py": "from .layers import conv_bn as cb\n",
+        "models/layers.py": BN + "\n\ndef conv_bn(x, is_training, trainable=True):\n"
+                            "    return tf.layers.batch_normalization(x, training=is_training, "
+                            "trainable=trainable)\n",
+        "models/net.py": "from models.layers import conv_bn\n\n\nclass Net:\n"
+                         "    def __init__(self, t):\n        self.t = t\n\n"
+                         "    def __call__(self, x):\n        return conv_bn(x, self.t)\n",
+        "data/augment.py": BN + "\n\ndef norm(x):\n"
+                           "    return tf.layers.batch_normalization(x, training=True)\n",
+        "utils/misc.py": "import models.layers as layers\n\n\ndef helper(x):\n    return x\n",
+        "train.py": "from models.net import Net\nimport models\n\n"
+                    "out = Net(True)(images)\ny = models.cb(images, True, trainable=False)\n",
+        "scripts/run.py": "from utils import misc\n\nz = misc.helper(images, True)\n",
+    })
+
+    def edit(path: str, text: str) -> set[str]:
+        (project / path).write_text(text)
+        computed.clear()
+        check_paths([project], cache=True)
+        return set().union(*computed)
+
+    check_paths([project], cache=True)
+    assert "data.augment" in set().union(*computed)
+    # a second wrapper in the model file: its users' parts again, never data.augment's
+    again = edit("models/layers.py", (project / "models/layers.py").read_text()
+                 + "\n\ndef bn_only(x):\n    return tf.layers.batch_normalization(x)\n")
+    assert {"models.layers", "models.net", "models"} <= again and "data.augment" not in again
+    # utils.misc starts to reach BN: `helper` becomes a name, and scripts/run.py, which calls
+    # it, is found by the search, summarised and checked: the False it passes freezes the BN
+    edit("utils/misc.py", "import models.layers as layers\n\n\ndef helper(x, t=True):\n"
+                          "    return layers.conv_bn(x, True, trainable=t)\n")
+    (project / "scripts/run.py").write_text("from utils import misc\n\nz = misc.helper(images, False)\n")
+    report = check_paths([project], cache=True)
+    assert any(d.path.endswith("run.py") and d.code == "BN001" for d in report.remaining)
+    # BN removed from the wrapper: the names shrink as a whole search says
+    again = edit("models/layers.py", "def conv_bn(x, is_training, trainable=True):\n    return x\n")
+    assert "data.augment" not in again
+    # a corrupt part in the cache is as none: everything is computed again
+    (cache_file,) = (project / ".bnfix_cache").glob("*.json")
+    import json
+    data = json.loads(cache_file.read_text())
+    data["meta"]["name_parts"] = '{"models": ["x", "abc", [1]]}'
+    data["meta"]["names_for"] = "stale"
+    cache_file.write_text(json.dumps(data))
+    computed.clear()
+    check_paths([project], cache=True)
+    assert "data.augment" in set().union(*computed)
+
+
+def test_name_search_parts_read_back_only_when_well_formed() -> None:
+    from bnfix.project import names
+
+    part = names.Contribution("d", frozenset({"Net"}), frozenset({("net", "Net")}))
+    assert names.from_text(names.to_text({"models.net": part})) == {"models.net": part}
+    for text in ("", "[]", "{\"m\": 1}", "{\"m\": [\"d\", \"ab\", []]}",
+                 "{\"m\": [\"d\", [], [[\"a\"]]]}", "{\"m\": [\"d\", [1], []]}"):
+        assert names.from_text(text) == {}, text

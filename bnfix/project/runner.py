@@ -32,11 +32,10 @@ from bnfix.project.session import (
     Worker,
     dependency_cone,
     digest_of,
-    interesting_names,
-    interesting_pairs,
     module_edges,
     reverse,
 )
+from bnfix.project import names as name_search
 from bnfix.project.summary import SummaryStore, summary_text
 from bnfix.project.view import file_context
 from bnfix.project.workers import InProcess, Processes
@@ -89,6 +88,9 @@ class ProjectRunner:
         self.store = SummaryStore()
         self._mentioned: set[str] = set()  # unparsable files that use first-party BN code
         self._pairs: set[tuple[str, str]] | None = None
+        # each module's part of the name search, for the summaries in the store (see names.py)
+        self._parts: dict[str, name_search.Contribution] | None = None
+        self._scope = ""  # digest of the project's files and their module names
         self._registers = {spec.id: spec.registers for spec in engine.catalogue_ids.values()
                            if spec.registers}
         self._pool: InProcess | Processes | None = None
@@ -142,6 +144,7 @@ class ProjectRunner:
         plans = self._plans(reported, scope, modules)
         scope_digest = hashlib.sha256("\n".join(
             f"{p.ref.module_id}:{p.absolute}" for p in plans).encode()).hexdigest()[:20]
+        self._scope = scope_digest
         finished = False
         # The cyclic garbage collector pauses while the run lasts (the workers' too): a run
         # makes millions of small objects that live until it ends (syntax trees, the IR,
@@ -187,7 +190,7 @@ class ProjectRunner:
         by_path = {p.absolute: p for p in plans}
         project = digest_of(self.store.digests, set(self.store.digests))
         for _ in range(EXPANSION_ROUNDS):
-            names = self._names(project)
+            names = self._names(project, plans)
             if not names:
                 break
             checked = hashlib.sha256(" ".join(names).encode()).hexdigest()[:20]
@@ -219,7 +222,7 @@ class ProjectRunner:
         (`resnet` and `inference`): the rules would read it, so BN900 is worth reporting."""
         if self._pairs is None:
             assert self._modules is not None
-            self._pairs = interesting_pairs(ProjectIndex(self.store, self._modules))
+            self._pairs = name_search.interesting_pairs(ProjectIndex(self.store, self._modules))
         text = self.overlay.get(path)
         if text is None:
             try:
@@ -229,16 +232,47 @@ class ProjectRunner:
         words = _code_names(text)
         return any(module in words and name in words for module, name in self._pairs)
 
-    def _names(self, project: str) -> tuple[str, ...]:
-        """The names that make a file worth summarising (cached per set of summaries)."""
+    def _names(self, project: str, plans: list[Plan]) -> tuple[str, ...]:
+        """The names that make a file worth summarising (cached per set of summaries; when
+        summaries changed, only the parts of the modules that reach a changed one are
+        computed again)."""
         meta = self.cache.meta if self.cache is not None else {}
         if meta.get("names_for") == project and "names" in meta:
             return tuple(n for n in meta["names"].split() if n)
         assert self._modules is not None
-        names = tuple(sorted(interesting_names(ProjectIndex(self.store, self._modules))))
+        index = ProjectIndex(self.store, self._modules)
+        known = self._parts
+        if known is None and meta.get("names_scope") == self._scope:
+            known = name_search.from_text(meta.get("name_parts", ""))
+        forward = self._known_edges(plans, index) if known else None
+        redo = set(self.store) if forward is None or known is None else \
+            name_search.stale(self.store.digests, known, forward)
+        kept = {m: c for m, c in (known or {}).items() if m not in redo and m in self.store}
+        parts = {**kept, **name_search.contributions(index, sorted(redo), self.store.digests,
+                                                     kept)}
+        self._parts = parts
+        self._pairs = {pair for part in parts.values() for pair in part.pairs}
+        names = tuple(sorted({name for _, name in self._pairs}))
         if self.cache is not None:
-            self.cache.meta.update(names_for=project, names=" ".join(names))
+            self.cache.meta.update(names_for=project, names=" ".join(names),
+                                   names_scope=self._scope,
+                                   name_parts=name_search.to_text(parts))
         return names
+
+    def _known_edges(self, plans: list[Plan], index: ProjectIndex) -> dict[str, list[str]] | None:
+        """Each summarised module's direct dependencies as the cache has them (computed for
+        the modules summarised in this run), or None when the project's files changed (the
+        cached ones are then void, and computing them all costs more than it saves)."""
+        if self.cache is None or self.cache.meta.get("scope") != self._scope:
+            return None
+        forward: dict[str, list[str]] = {}
+        for plan in plans:
+            if not plan.summarised:
+                continue
+            edges = plan.entry.edges if plan.entry is not None and plan.done is None else None
+            forward[plan.ref.module_id] = edges if edges is not None else \
+                module_edges(index, plan.ref.module_id)
+        return forward
 
     def _collect(self, results: Iterator[Summarised], by_path: dict[str, Plan]) -> None:
         for done in results:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bnfix.engine import Engine, FileResult, Lifted
 from bnfix.project.index import ProjectIndex
-from bnfix.project.summary import MODULE_SCOPE, ModuleSummary
+from bnfix.project.summary import ModuleSummary
 from bnfix.project.view import FileContext, ProjectView
 from bnfix.source.imports import ModuleContext
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
@@ -244,47 +244,6 @@ def encode_source(text: str) -> bytes:
 _WORD = re.compile(r"\w+")  # a name is a whole word, as `\bname\b` matches it
 
 
-def interesting_names(index: ProjectIndex) -> set[str]:
-    """Names through which another file can reach BN or BN facts: the module-level functions
-    and the classes whose call builds BN, or that carry facts (methods are reached through
-    their class, so their names — `forward`, `build` — are not searched for)."""
-    return {name for _, name in interesting_pairs(index)}
-
-
-def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
-    """`interesting_names` with the last part of the defining module's name: a file that
-    mentions both uses that code (a generic name such as `main` alone says little)."""
-    pairs: set[tuple[str, str]] = set()
-    keys: set[tuple[str, str]] = set()  # the functions and classes found
-    for module in list(index.summaries):
-        summary = index.summaries.get(module)
-        if summary is None:
-            continue
-        for function in summary.functions.values():
-            if function.qualname == MODULE_SCOPE or "<locals>" in function.qualname:
-                continue
-            if function.facts or index.reach(module, function.qualname):
-                pairs.add((module.rsplit(".", 1)[-1], function.class_name or function.name))
-                keys.add((module, function.class_name or function.qualname))
-        for klass in summary.classes.values():
-            if klass.facts:
-                pairs.add((module.rsplit(".", 1)[-1], klass.name))
-                keys.add((module, klass.name))
-    # the other names a module gives them (`from .blocks import conv_bn as cb` in a package's
-    # `__init__`): a file that calls `cb` uses them without naming them
-    for module in list(index.summaries):
-        summary = index.summaries.get(module)
-        if summary is None:
-            continue
-        for local, dotted in summary.imports.items():
-            if local == dotted.rsplit(".", 1)[-1]:
-                continue
-            if any((t.module, t.qualname.split(".", 1)[0]) in keys
-                   for t in index.targets(module, "@" + local)):
-                pairs.add((module.rsplit(".", 1)[-1], local))
-    return {(m, n) for m, n in pairs if n.isidentifier()}
-
-
 def module_edges(index: ProjectIndex, module: str) -> list[str]:
     """The modules `module` depends on directly: those its imports, calls and bases name."""
     summary = index.summaries.get(module)
@@ -347,5 +306,4 @@ def digest_of(digests: dict[str, str], modules: set[str]) -> str:
     return h.hexdigest()[:24]
 
 
-__all__ = ["FileProject", "Summarised", "Worker", "dependency_cone",
-           "interesting_names", "project_root"]
+__all__ = ["FileProject", "Summarised", "Worker", "dependency_cone", "project_root"]

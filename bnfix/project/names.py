@@ -1,0 +1,118 @@
+"""The names that make a file worth summarising: those through which it can reach the
+project's BN code (module-level functions and classes whose call builds BN or that carry
+facts, and the other names modules give them), each with the last part of its module's name.
+
+Each module contributes its part, which depends only on the summaries of the modules it
+reaches (its imports, calls and bases, transitively). A warm run keeps the parts of the
+modules that reach no changed summary and computes the others: after an edit of one model
+file, the modules that import it, not the whole project."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from bnfix.project.index import ProjectIndex
+from bnfix.project.summary import MODULE_SCOPE
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One module's part of the search: the summary digest it was computed from, its
+    functions and classes that build BN or carry facts (`keys`: what another module's
+    aliases are checked against), and the (module tail, name) pairs a user file mentions."""
+
+    digest: str
+    keys: frozenset[str]
+    pairs: frozenset[tuple[str, str]]
+
+
+def contributions(index: ProjectIndex, modules: Iterable[str], digests: Mapping[str, str],
+                  known: Mapping[str, Contribution]) -> dict[str, Contribution]:
+    """The contributions of `modules`, computed from the index; `known` holds those of the
+    other modules (whose keys the aliases of `modules` may name)."""
+    keys: dict[str, set[str]] = {m: set(c.keys) for m, c in known.items()}
+    pairs: dict[str, set[tuple[str, str]]] = {}
+    todo = [m for m in modules if index.summaries.get(m) is not None]
+    for module in todo:
+        summary = index.summaries[module]
+        tail = module.rsplit(".", 1)[-1]
+        found = pairs[module] = set()
+        defined = keys[module] = set()
+        for function in summary.functions.values():
+            if function.qualname == MODULE_SCOPE or "<locals>" in function.qualname:
+                continue
+            if function.facts or index.reach(module, function.qualname):
+                found.add((tail, function.class_name or function.name))
+                defined.add(function.class_name or function.qualname)
+        for klass in summary.classes.values():
+            if klass.facts:
+                found.add((tail, klass.name))
+                defined.add(klass.name)
+    # the other names a module gives them (`from .blocks import conv_bn as cb` in a package's
+    # `__init__`): a file that calls `cb` uses them without naming them
+    for module in todo:
+        tail = module.rsplit(".", 1)[-1]
+        for local, dotted in index.summaries[module].imports.items():
+            if local == dotted.rsplit(".", 1)[-1]:
+                continue
+            if any(t.qualname.split(".", 1)[0] in keys.get(t.module, ())
+                   for t in index.targets(module, "@" + local)):
+                pairs[module].add((tail, local))
+    return {m: Contribution(digests.get(m, ""), frozenset(keys[m]),
+                            frozenset((t, n) for t, n in pairs[m] if n.isidentifier()))
+            for m in todo}
+
+
+def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
+    """Every module's pairs, computed whole."""
+    found = contributions(index, list(index.summaries), {}, {})
+    return {pair for part in found.values() for pair in part.pairs}
+
+
+def stale(digests: Mapping[str, str], known: Mapping[str, Contribution],
+          forward: Mapping[str, Iterable[str]]) -> set[str]:
+    """The modules whose known contribution may be out of date: those whose summary is new,
+    changed or gone, and every module that reaches one of them (over `forward`, each
+    module's direct dependencies)."""
+    changed = {m for m, d in digests.items() if m not in known or known[m].digest != d}
+    changed |= {m for m in known if m not in digests}
+    backward: dict[str, set[str]] = {}
+    for module, targets in forward.items():
+        for target in targets:
+            backward.setdefault(target, set()).add(module)
+    out, frontier = set(changed), list(changed)
+    while frontier:
+        for user in backward.get(frontier.pop(), ()):
+            if user not in out:
+                out.add(user)
+                frontier.append(user)
+    return out
+
+
+def to_text(parts: Mapping[str, Contribution]) -> str:
+    return json.dumps({m: [c.digest, sorted(c.keys), sorted(c.pairs)]
+                       for m, c in sorted(parts.items())}, separators=(",", ":"))
+
+
+def from_text(text: str) -> dict[str, Contribution]:
+    """Contributions stored by `to_text`; a malformed text (a hostile or corrupt cache) is
+    none at all."""
+    try:
+        data = json.loads(text)
+        out = {}
+        for module, (digest, keys, pairs) in data.items():
+            if not (isinstance(module, str) and isinstance(digest, str)
+                    and isinstance(keys, list) and isinstance(pairs, list) and all(isinstance(k, str) for k in keys)
+                    and all(isinstance(t, str) and isinstance(n, str) for t, n in pairs)):
+                return {}
+            out[module] = Contribution(digest, frozenset(keys),
+                                       frozenset((t, n) for t, n in pairs))
+        return out
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+__all__ = ["Contribution", "contributions", "from_text", "interesting_pairs", "stale",
+           "to_text"]
