@@ -32,7 +32,8 @@ def test_every_job_runs_once_on_its_worker(assign) -> None:
 
     pool = Processes(3, Echo)
     try:
-        pids = [pid for _, pid in pool.run("where", [(i, (i,)) for i in range(3)])]
+        # worker i's process, by job (results come back in the order they finish)
+        pids = dict(pool.run("where", [(i, (i,)) for i in range(3)]))
         results = list(pool.run("where", jobs()))
     finally:
         pool.close()
