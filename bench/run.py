@@ -196,14 +196,17 @@ def measure(corpus: Corpus, args: argparse.Namespace, work: Path) -> None:
     corpus.rss_mb = peak_rss_mb([*BNFIX, "--no-cache", *corpus.paths], str(run_dir))
 
 
-def startup(repeat: int, work: Path) -> tuple[float, float]:
-    """bnfix's start-up (check of an empty folder) and the bare interpreter's, median wall s."""
+def startup(repeat: int, work: Path) -> tuple[float, float, float]:
+    """bnfix's start-up (check of an empty folder: as run by default, its cache folder made by
+    a first run, and with --no-cache) and the bare interpreter's, median wall s."""
     empty = work / "empty"
     empty.mkdir(exist_ok=True)
-    bnfix = timed([*BNFIX, "--no-cache", str(empty)], repeat, str(work))
+    timed([*BNFIX, str(empty)], 1, str(empty))  # makes the cache folder
+    default = timed([*BNFIX, str(empty)], repeat, str(empty))
+    no_cache = timed([*BNFIX, "--no-cache", str(empty)], repeat, str(work))
     python = timed([sys.executable, "-c", "pass"], repeat, str(work))
-    assert bnfix is not None and python is not None
-    return bnfix, python
+    assert default is not None and no_cache is not None and python is not None
+    return default, no_cache, python
 
 
 def report(corpora: list[Corpus]) -> None:
@@ -262,10 +265,11 @@ def main() -> int:
         for corpus in corpora:
             measure(corpus, args, work)
         report(corpora)
-        bnfix_start, python_start = startup(max(args.repeat, 5), work)
-        print(f"\nstart-up: bnfix check of an empty folder {bnfix_start * 1000:.0f} ms, the "
-              f"interpreter alone {python_start * 1000:.0f} ms: bnfix's own "
-              f"{(bnfix_start - python_start) * 1000:.0f} ms (target <= 50 ms)")
+        default, no_cache, python = startup(max(args.repeat, 5), work)
+        print(f"\nstart-up: bnfix check of an empty folder {default * 1000:.0f} ms "
+              f"({no_cache * 1000:.0f} ms with --no-cache), the interpreter alone "
+              f"{python * 1000:.0f} ms: bnfix's own {(default - python) * 1000:.0f} ms "
+              f"({(no_cache - python) * 1000:.0f} ms) (target <= 50 ms)")
     return 0
 
 

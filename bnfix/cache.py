@@ -26,11 +26,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bnfix import __version__
 from bnfix.engine import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
 from bnfix.source.reader import Skipped, SourceError, read_source
+
+if TYPE_CHECKING:
+    from bnfix.config import Settings
 
 CACHE_DIR = ".bnfix_cache"
 FORMAT = 2
@@ -130,6 +133,12 @@ def _entry(fields: Any) -> Entry | None:
                     and isinstance(entry.findings.consulted, str)
                     and all(isinstance(d, dict) for d in entry.findings.diagnostics))))
     return entry if types_ok else None
+
+
+def cache_folder(settings: Settings) -> Path:
+    """Where a run's caches go: the configured folder (`--cache-dir`), else .bnfix_cache/ in
+    the configuration's root."""
+    return settings.root / CACHE_DIR if settings.cache_dir is None else settings.cache_dir
 
 
 class Cache:

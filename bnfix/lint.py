@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from bnfix.cache import Cache, cache_key, rules_digest
+from bnfix.cache import Cache, cache_folder, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings, check_selectors, load_settings
 from bnfix.engine import Diagnostic, Engine, FileResult
 from bnfix.files import Candidate, discover
@@ -85,15 +85,15 @@ class Outcome:
 def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engine]:
     """Load the rule book and the configuration and build the engine they select."""
     try:
-        book = load_rulebook()
         settings = _load_settings(options, start)
+        _command_line_settings(options, settings)
+        book = load_rulebook(cache=cache_folder(settings) if options.cache else None)
         settings.check_codes(book)
         for flag, values in (("--select", options.select or []), ("--ignore", options.ignore),
                              ("--extend-select", options.extend_select)):
             check_selectors(book, values, flag)
     except (ConfigError, RuleBookError) as exc:
         raise UsageError(str(exc)) from exc
-    _command_line_settings(options, settings)
     if options.select is not None:
         settings.select = options.select
     settings.ignore = [*settings.ignore, *options.ignore]
@@ -267,7 +267,7 @@ def findings_cache(engine: Engine, settings: Settings, project: bool = True) -> 
     key = cache_key(rules_digest(rules_root()), engine.enabled,
                     {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
                      "project": (int(project),), "explicit": (int(engine.target_explicit),)})
-    return Cache(settings.root, key, settings.cache_dir)
+    return Cache(settings.root, key, cache_folder(settings))
 
 
 class _Outside:

@@ -95,3 +95,45 @@ def test_malformed_rule_file_is_reported_with_its_path(tmp_path: Path):
     (tmp_path / "BN001.toml").write_text("code = [", encoding="utf-8")
     with pytest.raises(RuleBookError, match="BN001.toml: cannot read rule data"):
         load_rulebook(tmp_path)
+
+
+def test_the_parsed_rule_book_is_kept_in_the_cache_folder_and_checked_at_every_load(
+        tmp_path: Path, monkeypatch):
+    """With a cache folder the rule files' parse is kept as JSON (named by a digest of the
+    files): the next load reads it instead of parsing TOML and makes the same book; an edited
+    rule file is parsed again, a typo in it is still an error at load, a corrupt or planted
+    parse is ignored, and a read-only folder only costs the parse."""
+    import shutil
+
+    import bnfix.rulebook as rulebook
+    from bnfix.rulebook import rules_root
+
+    def same(a, b) -> bool:  # the catalogue compares by identity
+        return a.rules == b.rules and all(getattr(a.catalogue, f) == getattr(b.catalogue, f)
+                                          for f in ("apis", "aliases", "training", "layers"))
+
+    root, cache = tmp_path / "rules", tmp_path / "cache"
+    shutil.copytree(rules_root(), root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    first = load_rulebook(root, cache)
+    (parsed,) = cache.glob("rulebook-*.parsed")
+    assert (cache / ".gitignore").exists()
+    parses: list[str] = []  # TOML texts parsed from here on
+    loads = rulebook.tomllib.loads
+    monkeypatch.setattr(rulebook.tomllib, "loads", lambda text: parses.append(text) or loads(text))
+    assert same(load_rulebook(root, cache), first) and parses == []
+    assert same(load_rulebook(root), first)
+    rule = root / "BN008.toml"
+    rule.write_text(rule.read_text().replace("\nfix = ", "\nfixx = ", 1))  # a typo
+    with pytest.raises(RuleBookError, match="BN008.toml: missing required key `fix`"):
+        load_rulebook(root, cache)
+    rule.write_text(rule.read_text().replace("\nfixx = ", "\nfix = ", 1))
+    parses.clear()
+    assert same(load_rulebook(root, cache), first)
+    assert len(parses) == len(list(root.rglob("*.toml")))  # the other rule book's was removed
+    parsed.write_text('{"BN001.toml": {"code": "BN999"}}')  # not the files' parse
+    parses.clear()
+    assert same(load_rulebook(root, cache), first) and parses
+    parses.clear()
+    assert same(load_rulebook(root, cache), first) and parses == []  # rewritten
+    (tmp_path / "a-file").write_text("")  # a cache folder that cannot be made
+    assert same(load_rulebook(root, tmp_path / "a-file" / "cache"), first)
