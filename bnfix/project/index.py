@@ -74,8 +74,8 @@ class ProjectIndex:
         self._cuts = 0  # times a recursion was cut (results computed meanwhile are partial)
         self._steps = 0
         self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
-        # the calls of the modules read so far, by callee; `callers` reads the modules that
-        # can reach the module asked about (every module without `dependents`)
+        # the calls of the modules read so far, by callee; `callers` reads the module asked
+        # about and its direct dependents (every module without `dependents`)
         self._callers: dict[tuple[str, str], list[Caller]] = {}
         self._callers_read: set[str] = set()
         self._callers_ready: set[str] = set()
@@ -396,12 +396,13 @@ class ProjectIndex:
 
     def callers(self, module: str, qualname: str) -> list[Caller]:
         """The calls of `module.qualname` anywhere in the project, in the project's module
-        order. With `dependents` known, only the modules that can reach `module` are read: a
-        call that resolves into a module goes through imports, each an edge of the dependency
-        graph (cached edges may be stale by a re-export, never by a whole path)."""
+        order. With `dependents` known, only `module` and the modules that depend on it
+        directly are read: a module's dependencies include the module of every function its
+        calls resolve to (the project pass computes them again for every module whose calls
+        may resolve elsewhere since the cache's)."""
         if module not in self._callers_ready:
             readers = list(self.summaries) if self.dependents is None else \
-                self._reaching(module)
+                [module, *self.dependents.get(module, ())]
             for reader in readers:
                 if reader not in self._callers_read:
                     self._callers_read.add(reader)
@@ -413,17 +414,6 @@ class ProjectIndex:
                 self._rank = {name: i for i, name in enumerate(self.summaries)}
             found.sort(key=lambda caller: self._rank.get(caller.module, -1))  # stable
         return list(found)
-
-    def _reaching(self, module: str) -> set[str]:
-        assert self.dependents is not None
-        reaching = {module}
-        frontier = [module]
-        while frontier:
-            for name in self.dependents.get(frontier.pop(), ()):
-                if name not in reaching:
-                    reaching.add(name)
-                    frontier.append(name)
-        return reaching
 
     def _read_calls(self, reader: str) -> None:
         summary = self.summaries.get(reader)

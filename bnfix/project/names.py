@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from bnfix.project.index import ProjectIndex
+from bnfix.project.session import reaching
 from bnfix.project.summary import MODULE_SCOPE
 
 
@@ -78,17 +79,7 @@ def stale(digests: Mapping[str, str], known: Mapping[str, Contribution],
     module's direct dependencies)."""
     changed = {m for m, d in digests.items() if m not in known or known[m].digest != d}
     changed |= {m for m in known if m not in digests}
-    backward: dict[str, set[str]] = {}
-    for module, targets in forward.items():
-        for target in targets:
-            backward.setdefault(target, set()).add(module)
-    out, frontier = set(changed), list(changed)
-    while frontier:
-        for user in backward.get(frontier.pop(), ()):
-            if user not in out:
-                out.add(user)
-                frontier.append(user)
-    return out
+    return reaching(changed, forward)
 
 
 def to_text(parts: Mapping[str, Contribution]) -> str:

@@ -33,6 +33,7 @@ from bnfix.project.session import (
     dependency_cone,
     digest_of,
     module_edges,
+    reaching,
     reverse,
 )
 from bnfix.project import names as name_search
@@ -308,21 +309,32 @@ class ProjectRunner:
     # -- step 4 --------------------------------------------------------------------------------
 
     def _edges(self, plans: list[Plan], index: ProjectIndex, scope: str) -> dict[str, list[str]]:
-        """Each summarised module's direct dependencies (from the cache while the project's
-        files are the same)."""
+        """Each summarised module's direct dependencies, exact for the summaries of this run:
+        from the cache while the project's files are the same, computed for the modules
+        summarised in this run and for every module that reaches one of them over the cached
+        edges (a call resolved through a changed module's re-exports may now lead elsewhere;
+        the first changed module on its way is one the caller reached before)."""
         valid = self.cache is not None and self.cache.meta.get("scope") == scope
+        cached: dict[str, list[str]] = {}
+        for plan in plans:
+            if plan.summarised and valid and plan.entry is not None and plan.done is None \
+                    and plan.entry.edges is not None:
+                cached[plan.ref.module_id] = plan.entry.edges
+        changed = {p.ref.module_id for p in plans if p.done is not None or
+                   (p.summarised and p.ref.module_id not in cached)}
+        stale = reaching(changed, cached)
         forward: dict[str, list[str]] = {}
         for plan in plans:
             if not plan.summarised:
                 continue
-            edges = plan.entry.edges if valid and plan.entry is not None and plan.done is None \
-                else None
+            module = plan.ref.module_id
+            edges = cached.get(module) if module not in stale else None
             if edges is None:
-                edges = module_edges(index, plan.ref.module_id)
+                edges = module_edges(index, module)
                 if self.cache is not None and plan.entry is not None:
                     plan.entry.edges = edges
                     self.cache.put(plan.absolute, plan.entry)
-            forward[plan.ref.module_id] = edges
+            forward[module] = edges
         return forward
 
     def _check(self, plans: list[Plan], index: ProjectIndex, scope: str) -> Iterator[FileResult]:

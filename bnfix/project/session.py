@@ -24,6 +24,7 @@ import re
 import sys
 import tokenize
 import traceback
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,6 +276,21 @@ def dependency_cone(forward: dict[str, list[str]], backward: dict[str, set[str]]
             cone |= frontier
             level += 1
     return cone
+
+
+def reaching(modules: set[str], forward: Mapping[str, Iterable[str]]) -> set[str]:
+    """`modules` and every module that reaches one of them over `forward`."""
+    backward: dict[str, set[str]] = {}
+    for module, targets in forward.items():
+        for target in targets:
+            backward.setdefault(target, set()).add(module)
+    out, frontier = set(modules), list(modules)
+    while frontier:
+        for user in backward.get(frontier.pop(), ()):
+            if user not in out:
+                out.add(user)
+                frontier.append(user)
+    return out
 
 
 def reverse(forward: dict[str, list[str]]) -> dict[str, set[str]]:
