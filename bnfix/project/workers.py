@@ -8,11 +8,12 @@ Ctrl-C stops everything promptly (the parent handles signals; workers never writ
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import signal
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # multiprocessing is imported when a pool starts (10 ms of every start-up)
+    from multiprocessing.connection import Connection
 
 CHUNK = 8
 OUTSTANDING = 2  # chunks in flight per process
@@ -55,6 +56,8 @@ class InProcess:
 
 class Processes:
     def __init__(self, size: int, make: Callable[[], Any]) -> None:
+        import multiprocessing
+
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         context = multiprocessing.get_context(method)
         self.size = size
@@ -72,6 +75,8 @@ class Processes:
         """Results of `state.method(*args)` for every (worker, args) job, as they arrive. The
         jobs are drawn from `jobs` only as the workers need them (a job may be costly to
         make: the workers run the jobs made before meanwhile)."""
+        from multiprocessing.connection import wait
+
         source = iter(jobs)
         queues: list[list[tuple[Any, ...]]] = [[] for _ in range(self.size)]
         pending = {i: 0 for i in range(self.size)}
