@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from bnfix.config import Settings
 
 CACHE_DIR = ".bnfix_cache"
-FORMAT = 2
+FORMAT = 3
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
 RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
@@ -102,6 +102,8 @@ class Entry:
     edges: list[str] | None  # the modules its summary depends on (valid for one scope)
     checked: str | None  # digest of the name set a non-relevant file was searched for
     findings: Findings | None
+    # the functions its calls resolve to, [module, qualname] (valid with `edges`)
+    callees: list[list[str]] | None = None
 
 
 def _entry(fields: Any) -> Entry | None:
@@ -112,7 +114,7 @@ def _entry(fields: Any) -> Entry | None:
             mtime_ns=fields["mtime_ns"], size=fields["size"], digest=fields["digest"],
             context=fields["context"], relevant=fields["relevant"], summary=fields["summary"],
             summary_digest=fields["summary_digest"], edges=fields["edges"],
-            checked=fields["checked"],
+            checked=fields["checked"], callees=fields["callees"],
             findings=None if findings is None else Findings(
                 tuple(findings["ignored"]), findings["consulted"],
                 list(findings["diagnostics"])),
@@ -128,6 +130,10 @@ def _entry(fields: Any) -> Entry | None:
                 and (entry.edges is None or (isinstance(entry.edges, list)
                                              and all(isinstance(e, str) for e in entry.edges)))
                 and (entry.checked is None or isinstance(entry.checked, str))
+                and (entry.callees is None or (
+                    isinstance(entry.callees, list) and (entry.edges is not None) and all(
+                        isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
+                        for c in entry.callees)))
                 and (entry.findings is None or (
                     all(isinstance(c, str) for c in entry.findings.ignored)
                     and isinstance(entry.findings.consulted, str)

@@ -78,11 +78,14 @@ class ProjectIndex:
         # about and its direct dependents (every module without `dependents`)
         self._callers: dict[tuple[str, str], list[Caller]] = {}
         self._callers_read: set[str] = set()
-        self._callers_ready: set[str] = set()
+        self._callers_ready: set[tuple[str, str]] = set()
         self._rank: dict[str, int] | None = None
         # module -> the modules that depend on it directly (imports, calls, bases), when the
         # project pass has them: `callers` then reads only the modules that can reach one
         self.dependents: Mapping[str, set[str]] | None = None
+        # module -> the functions its calls resolve to (with `dependents`): `callers` reads
+        # only the dependents that call the function asked about
+        self.callees: Mapping[str, frozenset[tuple[str, str]]] | None = None
         self._facts: dict[tuple[str, str], dict[str, list[tuple[str, Loc]]]] = {}
         self._facts_busy: set[tuple[str, str]] = set()
         self._marks: dict[str, list[tuple[str, Loc, str | None]]] | None = None
@@ -396,19 +399,23 @@ class ProjectIndex:
 
     def callers(self, module: str, qualname: str) -> list[Caller]:
         """The calls of `module.qualname` anywhere in the project, in the project's module
-        order. With `dependents` known, only `module` and the modules that depend on it
-        directly are read: a module's dependencies include the module of every function its
-        calls resolve to (the project pass computes them again for every module whose calls
-        may resolve elsewhere since the cache's)."""
-        if module not in self._callers_ready:
-            readers = list(self.summaries) if self.dependents is None else \
-                [module, *self.dependents.get(module, ())]
+        order. With `dependents` known, only the modules among `module` and those that depend
+        on it directly whose calls resolve to the function are read: a module's dependencies
+        include the module of every function its calls resolve to (the project pass computes
+        both again for every module whose calls may resolve elsewhere since the cache's)."""
+        key = (module, qualname)
+        if key not in self._callers_ready:
+            if self.dependents is None:
+                readers = list(self.summaries)
+            else:
+                readers = [name for name in (module, *self.dependents.get(module, ()))
+                           if self.callees is None or key in self.callees.get(name, (key,))]
             for reader in readers:
                 if reader not in self._callers_read:
                     self._callers_read.add(reader)
                     self._read_calls(reader)
-            self._callers_ready.add(module)
-        found = self._callers.get((module, qualname), [])
+            self._callers_ready.add(key)
+        found = self._callers.get(key, [])
         if len(found) > 1:
             if self._rank is None:
                 self._rank = {name: i for i, name in enumerate(self.summaries)}

@@ -33,6 +33,7 @@ from bnfix.project.session import (
     dependency_cone,
     digest_of,
     module_edges,
+    module_links,
     reaching,
     reverse,
 )
@@ -284,7 +285,7 @@ class ProjectRunner:
             if done.reused and stale is not None and done.stat is not None:
                 plan.entry = Entry(done.stat[0], done.stat[1], stale.digest, plan.context,
                                    stale.relevant, stale.summary, stale.summary_digest,
-                                   stale.edges, stale.checked, stale.findings)
+                                   stale.edges, stale.checked, stale.findings, stale.callees)
                 if stale.summary is not None:
                     self.store.add_text(plan.ref.module_id, stale.summary,
                                         stale.summary_digest or "")
@@ -309,32 +310,37 @@ class ProjectRunner:
     # -- step 4 --------------------------------------------------------------------------------
 
     def _edges(self, plans: list[Plan], index: ProjectIndex, scope: str) -> dict[str, list[str]]:
-        """Each summarised module's direct dependencies, exact for the summaries of this run:
+        """Each summarised module's direct dependencies (and the functions its calls resolve
+        to, which the index's `callers` reads), exact for the summaries of this run:
         from the cache while the project's files are the same, computed for the modules
         summarised in this run and for every module that reaches one of them over the cached
         edges (a call resolved through a changed module's re-exports may now lead elsewhere;
         the first changed module on its way is one the caller reached before)."""
         valid = self.cache is not None and self.cache.meta.get("scope") == scope
-        cached: dict[str, list[str]] = {}
+        cached: dict[str, tuple[list[str], list[list[str]]]] = {}
         for plan in plans:
-            if plan.summarised and valid and plan.entry is not None and plan.done is None \
-                    and plan.entry.edges is not None:
-                cached[plan.ref.module_id] = plan.entry.edges
+            entry = plan.entry
+            if plan.summarised and valid and entry is not None and plan.done is None \
+                    and entry.edges is not None and entry.callees is not None:
+                cached[plan.ref.module_id] = (entry.edges, entry.callees)
         changed = {p.ref.module_id for p in plans if p.done is not None or
                    (p.summarised and p.ref.module_id not in cached)}
-        stale = reaching(changed, cached)
+        stale = reaching(changed, {m: edges for m, (edges, _) in cached.items()})
         forward: dict[str, list[str]] = {}
+        callees: dict[str, frozenset[tuple[str, str]]] = {}
         for plan in plans:
             if not plan.summarised:
                 continue
             module = plan.ref.module_id
-            edges = cached.get(module) if module not in stale else None
-            if edges is None:
-                edges = module_edges(index, module)
+            links = cached.get(module) if module not in stale else None
+            if links is None:
+                links = module_links(index, module)
                 if self.cache is not None and plan.entry is not None:
-                    plan.entry.edges = edges
+                    plan.entry.edges, plan.entry.callees = links
                     self.cache.put(plan.absolute, plan.entry)
-            forward[module] = edges
+            forward[module] = links[0]
+            callees[module] = frozenset((m, q) for m, q in links[1])
+        index.callees = callees
         return forward
 
     def _check(self, plans: list[Plan], index: ProjectIndex, scope: str) -> Iterator[FileResult]:

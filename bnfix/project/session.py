@@ -247,19 +247,26 @@ _WORD = re.compile(r"\w+")  # a name is a whole word, as `\bname\b` matches it
 
 def module_edges(index: ProjectIndex, module: str) -> list[str]:
     """The modules `module` depends on directly: those its imports, calls and bases name."""
+    return module_links(index, module)[0]
+
+
+def module_links(index: ProjectIndex, module: str) -> tuple[list[str], list[list[str]]]:
+    """`module_edges`, and the functions (module, qualname) the module's calls resolve to."""
     summary = index.summaries.get(module)
     if summary is None:
-        return []
+        return [], []
     targets: set[str] = set()
     for dotted in [*summary.imports.values(), *summary.star_imports]:
         found = index.modules.resolve(dotted, summary.path)
         if found is not None:
             targets.add(found[0].name)
+    callees: set[tuple[str, str]] = set()
     for function in summary.functions.values():
         for call in function.calls:
-            targets.update(t.module for t in index.targets(module, call.target))
+            callees.update(t.key for t in index.targets(module, call.target))
+    targets.update(m for m, _ in callees)
     targets.discard(module)
-    return sorted(targets)
+    return sorted(targets), [list(key) for key in sorted(callees)]
 
 
 def dependency_cone(forward: dict[str, list[str]], backward: dict[str, set[str]],
