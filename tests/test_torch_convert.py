@@ -168,6 +168,17 @@ def test_subclasses_are_judged_by_what_their_forward_does() -> None:
     assert "refused" in str(report) and "ManualBatchNorm2d" in str(report)
 
 
+def test_the_probe_runs_where_the_module_lives() -> None:
+    """A model on another device (CUDA on a GPU machine; the meta device here) is probed on
+    that device: a probe input built on the CPU made every BN subclass of a model on CUDA look
+    unconvertible (found by scripts/gpu-check on an H200)."""
+    from bnfix.torch.probe import probe_input
+
+    x = probe_input(ShiftedBatchNorm2d(3).to("meta"))
+    assert isinstance(x, Tensor) and x.device.type == "meta" and x.dtype == torch.float32
+    assert probe_input(ShiftedBatchNorm2d(3).double()).device.type == "cpu"
+
+
 def test_strict_refuses_atomically() -> None:
     model = nn.Sequential(nn.BatchNorm2d(3), ManualBatchNorm2d(3), nn.LazyBatchNorm1d())
     with pytest.raises(bt.ConversionRefused) as info:

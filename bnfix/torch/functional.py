@@ -77,8 +77,13 @@ def _channel_sums(dy: Tensor, c: Tensor, mean: Tensor, var: Tensor, eps: float
         total = dy.sum(dims, dtype=mean.dtype)
         dot = (dy * c).sum(dims, dtype=mean.dtype)
         return (dot - mean * total) * torch.rsqrt(var + eps), total
+    # eval mode reads the running statistics; CUDA's kernel wants the saved ones defined
+    # (empty: not used), where an undefined one fails an internal assert, and a weight to
+    # shape the weight gradient on (the sums do not depend on it; CPU's takes None)
+    unused = mean.new_empty(0)
+    weight = mean.new_ones(mean.shape) if c.is_cuda else None
     _, dot, total = torch.ops.aten.native_batch_norm_backward(
-        dy, c, None, mean, var, None, None, False, eps, [False, True, True])
+        dy, c, weight, mean, var, unused, unused, False, eps, [False, True, True])
     return dot, total
 
 
@@ -109,6 +114,9 @@ def probing() -> Iterator[Probe]:
 
 
 GROUPS: dict[str, dist.ProcessGroup] = {}  # by name, filled by bnfix.torch.distributed
+# torch's functional all-gather along dim 0: `all_gather_single` since torch 2.12, before it
+# `all_gather_tensor` (deprecated since, with a warning outside compiled code)
+_gather_single = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
 
 
 def _all_gather(t: Tensor, group: str) -> Tensor:
@@ -117,10 +125,11 @@ def _all_gather(t: Tensor, group: str) -> Tensor:
     per-call bookkeeping (~0.3 ms a call on gloo)."""
     probe = active_probe()
     if probe is not None:
-        probe.calls.append("all_gather")
+        if not torch.compiler.is_compiling():  # counting is for eager probes; compiled
+            probe.calls.append("all_gather")  # code must have no Python side effects
         return t.clone()
     if torch.compiler.is_compiling() or group not in GROUPS:
-        return fc.all_gather_single(t, 0, group)
+        return _gather_single(t, 0, group)
     process_group = GROUPS[group]
     out = t.new_empty(dist.get_world_size(process_group) * t.numel())
     dist.all_gather_into_tensor(out, t, group=process_group)
@@ -131,7 +140,8 @@ def _all_reduce(t: Tensor, group: str) -> Tensor:
     """SUM over the ranks; functional when compiled, c10d in place in eager code."""
     probe = active_probe()
     if probe is not None:
-        probe.calls.append("all_reduce")
+        if not torch.compiler.is_compiling():
+            probe.calls.append("all_reduce")
         return t.clone()
     if torch.compiler.is_compiling() or group not in GROUPS:
         return fc.all_reduce(t, "sum", group)
@@ -194,7 +204,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         offset = (mean - shift).to(stat)  # the global mean relative to this rank's s
         var = (m2 / total).to(stat)
         out = F.batch_norm(centred, offset, var, weight, bias, False, 0.0, eps)
-        ctx.save_for_backward(centred, weight, offset, var, total)
+        # no None among the saved tensors: torch.compile before 2.12 cannot trace one
+        ctx.save_for_backward(centred, offset, var, total, *([] if weight is None else [weight]))
         ctx.eps = eps  # type: ignore[attr-defined]
         ctx.group = group  # type: ignore[attr-defined]
         ctx.has_bias = bias is not None  # type: ignore[attr-defined]
@@ -206,7 +217,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: FunctionCtx, grad_out: Tensor, _grad_mean: Tensor, _grad_var: Tensor
     ) -> tuple[Tensor | None, ...]:
-        centred, weight, offset, var, total = ctx.saved_tensors  # type: ignore[attr-defined]
+        centred, offset, var, total, *rest = ctx.saved_tensors  # type: ignore[attr-defined]
+        weight = rest[0] if rest else None
         eps = ctx.eps  # type: ignore[attr-defined]
         sum_dy_xhat, sum_dy = _channel_sums(grad_out, centred, offset, var, eps)
         grad_input = grad_weight = grad_bias = None

@@ -58,12 +58,15 @@ def _set_mode(module: nn.Module, training: bool) -> nn.Module:
 
 
 def probe_input(module: nn.Module) -> Tensor | str:
-    """A float32 (3, C, 2, 2, ...) input the module accepts in eval mode, or why none is."""
+    """A float32 (3, C, 2, 2, ...) input the module's float32 copy accepts in eval mode, on
+    the module's device (a model on CUDA is probed there), or why none is."""
     twin = _set_mode(_copy(module), False)
     gen = torch.Generator().manual_seed(0)
+    device = _device(module)
     error = ""
     for rank in _RANKS:
-        x = torch.randn(3, channels(module), *([2] * (rank - 2)), generator=gen) * 2 + 0.5
+        x = (torch.randn(3, channels(module), *([2] * (rank - 2)), generator=gen) * 2 + 0.5
+             ).to(device)
         try:
             with torch.no_grad():
                 twin(x)
@@ -72,6 +75,13 @@ def probe_input(module: nn.Module) -> Tensor | str:
             continue
         return x
     return f"its forward rejects (N, C, ...) inputs of rank 2 to 5 ({error.splitlines()[0]})"
+
+
+def _device(module: nn.Module) -> torch.device:
+    """Where the module's state lives (its first parameter or buffer; CPU without one)."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
 
 
 @torch.enable_grad()  # conversions may be called under no_grad
@@ -84,7 +94,8 @@ def _run(module: nn.Module, x: Tensor, training: bool) -> _Run | str:
         return f"its forward failed on the probe input: {type(exc).__name__}: {exc}"
     if not isinstance(out, Tensor) or out.shape[:2] != x.shape[:2]:
         return "its forward does not return one (N, C, ...) tensor"
-    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device)
+    weights = weights.view_as(out)
     (out * weights).sum().backward()
     tensors = {"input grad": xg.grad if xg.grad is not None else torch.zeros_like(x)}
     tensors.update({f"{n} grad": p.grad for n, p in module.named_parameters()
