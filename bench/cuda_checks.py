@@ -6,6 +6,10 @@
    there is none. With 2+ GPUs on 2 NCCL ranks; with one GPU on one rank under
    `bnfix.torch.functional.probing` (the synced code path with one-rank collectives).
 2. torch.compile(fullgraph=True, inductor) of the converted model on CUDA, equal to eager.
+3. The synced path against torch's plain BN on CUDA (one rank: the probe's identity
+   collectives; the global batch is the local one): output, input, weight and bias gradients
+   and running statistics, for BN1d (N, C) and (N, C, L), BN2d contiguous and channels-last,
+   BN3d, affine=False, float64 and float16 inputs.
 
     python bench/cuda_checks.py            # exit 0 when every check passes, 1 otherwise
 """
@@ -89,6 +93,47 @@ def _compiled_step(model: nn.Module, x: Tensor, world: int) -> float:
     return _error(got, want)
 
 
+def _against_plain(device: torch.device) -> float:
+    """Worst relative error of the synced path (one-rank probe) against plain BN, over the
+    layouts and dtypes above, each after two training steps (the second sees the running
+    statistics the first left)."""
+    cases = [(nn.BatchNorm1d(6), (32, 6), torch.float32, False),
+             (nn.BatchNorm1d(6), (8, 6, 10), torch.float32, False),
+             (nn.BatchNorm2d(5), (8, 5, 7, 9), torch.float32, False),
+             (nn.BatchNorm2d(5), (8, 5, 7, 9), torch.float32, True),
+             (nn.BatchNorm3d(4), (4, 4, 3, 5, 6), torch.float32, False),
+             (nn.BatchNorm2d(5, affine=False), (8, 5, 4, 4), torch.float32, False),
+             (nn.BatchNorm2d(5).double(), (8, 5, 4, 4), torch.float64, False),
+             (nn.BatchNorm2d(5), (16, 5, 8, 8), torch.float16, False)]
+    worst = 0.0
+    for i, (plain, shape, dtype, channels_last) in enumerate(cases):
+        torch.manual_seed(i)
+        plain = plain.to(device).train()
+        if plain.affine:
+            with torch.no_grad():
+                plain.weight.uniform_(0.5, 1.5)
+                plain.bias.uniform_(-0.5, 0.5)
+        synced = bt.convert_sync(copy.deepcopy(plain), strict=True)
+        for _ in range(2):
+            x = (torch.randn(shape, device=device) * 3 + 1).to(dtype)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            weights = torch.randn(shape, device=device).to(dtype)
+            results = []
+            for module in (synced, plain):
+                xg = x.clone().requires_grad_(True)
+                with _synced_path(1) if module is synced else contextlib.nullcontext():
+                    out = module(xg)
+                    (out.float() * weights.float()).sum().backward()
+                grads = [p.grad.clone() for p in module.parameters()]
+                results.append([out, xg.grad, *grads, module.running_mean, module.running_var])
+                for p in module.parameters():
+                    p.grad = None
+            scale = 50.0 if dtype == torch.float16 else 1.0  # half rounding, either way
+            worst = max(worst, *(_error(a, b) / scale for a, b in zip(*results)))
+    return worst
+
+
 def _checks(rank: int, world: int) -> list[str]:
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
@@ -96,6 +141,15 @@ def _checks(rank: int, world: int) -> list[str]:
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(8, 3, 16, 16, generator=gen).to(device)
     lines = []
+    if world == 1:
+        try:
+            error = _against_plain(device)
+            verdict = "ok" if error <= TOLERANCE else "FAIL"
+            lines.append(f"synced path vs plain BN (8 layouts and dtypes, 2 steps): worst rel "
+                         f"error {error:.1e} {verdict}")
+        except Exception as exc:  # noqa: BLE001 - report every check, then fail
+            lines.append(f"synced path vs plain BN: FAIL {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0]}")
     for name, check in (("CUDA graph capture + replay", _graph_step),
                         ("torch.compile(fullgraph=True, inductor)", _compiled_step)):
         try:

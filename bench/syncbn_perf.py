@@ -6,14 +6,18 @@ one SUM all-reduce of the gradients, SGD step; the time is the median over --ste
 --warmup, of the slowest rank; the variants' steps are interleaved so they share the machine's
 load alike. gloo on CPU (one thread per rank) by default; `--backend nccl`
 puts one rank on each GPU and adds torch.nn.SyncBatchNorm (scripts/gpu-check runs that).
+`--probe` (one rank, one GPU): bnfix's synced path under the one-rank probe, whose collectives
+are identities: what the synced computation itself costs on the device against plain BN
+(cuDNN's on CUDA); the naive SyncBN and torch's are plain BN on one rank and are left out.
 
     python bench/syncbn_perf.py [--models resnet18 resnet50] [--batch 16] [--size 64]
-                                [--world 2] [--backend gloo|nccl] [--steps 10]
+                                [--world 2] [--backend gloo|nccl] [--steps 10] [--probe]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -94,6 +98,8 @@ def _variant(name: str, model: nn.Module) -> nn.Module:
 def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
     import zoo_models
 
+    from bnfix.torch.functional import probing
+
     torch.set_num_threads(1)
     backend = args.backend
     dist.init_process_group(backend, init_method=f"file://{workdir}/store", rank=rank,
@@ -102,7 +108,8 @@ def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
     if backend == "nccl":
         torch.cuda.set_device(device)
     tv = zoo_models.import_torchvision()
-    variants = ["plain", "naive", "bnfix"] + (["torch"] if backend == "nccl" else [])
+    variants = ["plain", "bnfix"] if args.probe else \
+        ["plain", "naive", "bnfix"] + (["torch"] if backend == "nccl" else [])
     results: dict[tuple[str, str], float] = {}
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 3, args.size, args.size, generator=gen).to(device)
@@ -119,15 +126,16 @@ def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
                     torch.cuda.synchronize()
                 dist.barrier()
                 start = time.perf_counter()
-                loss = model(x).square().mean()
-                opt.zero_grad()
-                loss.backward()
+                with probing() if args.probe and variant == "bnfix" else contextlib.nullcontext():
+                    loss = model(x).square().mean()
+                    opt.zero_grad()
+                    loss.backward()
                 flat = torch.cat([p.grad.flatten() for p in model.parameters()])
                 dist.all_reduce(flat)
                 opt.step()
                 if backend == "nccl":
                     torch.cuda.synchronize()
-                elapsed = torch.tensor([time.perf_counter() - start])
+                elapsed = torch.tensor([time.perf_counter() - start], device=device)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 if step >= args.warmup:
                     times.append(elapsed.item())
@@ -148,13 +156,18 @@ def main() -> None:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--probe", action="store_true",
+                        help="one rank: bnfix's synced path with identity collectives")
     args = parser.parse_args()
+    if args.probe:
+        args.world = 1
     with tempfile.TemporaryDirectory() as workdir:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         mp.spawn(_rank, args=(args, workdir), nprocs=args.world)
         results = torch.load(Path(workdir) / "results.pt")
     variants = sorted({v for _, v in results}, key=["plain", "naive", "bnfix", "torch"].index)
-    print(f"{args.world} {args.backend} ranks, {args.batch}x3x{args.size}x{args.size} per rank, "
+    what = " (bnfix under the one-rank probe)" if args.probe else ""
+    print(f"{args.world} {args.backend} ranks{what}, {args.batch}x3x{args.size}x{args.size} per rank, "
           f"torch {torch.__version__}; median ms per step (slowest rank), x plain BN")
     print("| model | " + " | ".join(variants) + " |")
     print("|---|" + "---|" * len(variants))
