@@ -1,7 +1,9 @@
 """Warm runs equal cold runs on real trees: each tree is copied, checked once with the cache,
-then its model file (the one `bench/run.py` edits) gets a TF1 BN wrapper, a torch BN class and
-a plain function in turn, and is restored; after each edit the cached (incremental) run's
-findings must equal a `--no-cache` run's.
+then its model file (the one `bench/run.py` edits) gets a TF1 BN wrapper and a torch BN class
+(conv with bias + BN); another file gets a function that loads trained weights (a mark every
+file's check reads: it turns the class's BN104 fix display-only) and is restored;
+the model file gets a plain function and is restored. After each edit the cached
+(incremental) run's findings, fixes included, must equal a `--no-cache` run's.
 
     python bench/warm_cold.py ~/corpus/timm ~/corpus/tpu ...
 
@@ -23,18 +25,25 @@ EDITS = (
                     "    import tensorflow.compat.v1 as tf\n"
                     "    return tf.layers.batch_normalization(x, training=True, "
                     "trainable=trainable)\n"),
-    ("torch class", "\n\nclass _BenchNet(object):\n    def __init__(self):\n"
-                    "        import torch.nn as nn\n        self.bn = nn.BatchNorm2d(3, momentum=0.9)\n"),
+    ("torch class", "\n\nimport torch.nn as _bench_nn\n\n\nclass _BenchNet(_bench_nn.Module):\n"
+                    "    def __init__(self):\n        super().__init__()\n"
+                    "        self.conv = _bench_nn.Conv2d(3, 3, 3, bias=True)\n"
+                    "        self.bn = _bench_nn.BatchNorm2d(3, momentum=0.9)\n\n"
+                    "    def forward(self, x):\n        return self.bn(self.conv(x))\n"),
     ("plain function", "\n\ndef _bench_plain():\n    pass\n"),
 )
+
+
+LOADS = ("\n\ndef _bench_load(model):\n    import torch\n"
+         "    model.load_state_dict(torch.load('weights.pt'))\n")
 
 
 def findings(root: Path, cache: bool) -> list[tuple[str, str, int, str]]:
     argv = [sys.executable, "-m", "bnfix", "check", ".", "--select", "ALL",
             "--output-format", "json", "--exit-zero", *([] if cache else ["--no-cache"])]
     out = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=True).stdout
-    return sorted((d["filename"], d["code"], d["location"]["row"], d["message"])
-                  for d in json.loads(out))
+    return sorted((d["filename"], d["code"], d["location"]["row"], d["message"],
+                   json.dumps(d["fix"], sort_keys=True)) for d in json.loads(out))
 
 
 def main() -> int:
@@ -49,8 +58,19 @@ def main() -> int:
                 continue
             original = target.read_text()
             findings(root, True)
-            for label, text in (*EDITS, ("restored", None)):
-                target.write_text(original if text is None else target.read_text() + text)
+            # another file (a new one would change the project's file set, which re-checks
+            # everything anyway), which gets a function that loads trained weights
+            elsewhere = next(p for p in sorted(root.rglob("*.py"), reverse=True)
+                             if p != target and p.name != "__init__.py")
+            before = elsewhere.read_text()
+            steps = [(label, lambda text=text: target.write_text(target.read_text() + text))
+                     for label, text in EDITS]
+            # with the torch class's conv + BN (BN104) in: its fix depends on the new file
+            steps[2:2] = [("loads elsewhere", lambda: elsewhere.write_text(before + LOADS)),
+                          ("removed", lambda: elsewhere.write_text(before))]
+            steps.append(("restored", lambda: target.write_text(original)))
+            for label, edit in steps:
+                edit()
                 warm, cold = findings(root, True), findings(root, False)
                 failed |= warm != cold
                 print(f"{root.name:20} {target.relative_to(root)}  {label:15} warm {len(warm):3} "

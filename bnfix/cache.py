@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from bnfix.config import Settings
 
 CACHE_DIR = ".bnfix_cache"
-FORMAT = 3
+FORMAT = 4
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
 RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
@@ -104,6 +104,8 @@ class Entry:
     findings: Findings | None
     # the functions its calls resolve to, [module, qualname] (valid with `edges`)
     callees: list[list[str]] | None = None
+    # digest of the summary's marks and BN APIs (project-wide facts every file's check reads)
+    outline: str | None = None
 
 
 def _entry(fields: Any) -> Entry | None:
@@ -114,7 +116,7 @@ def _entry(fields: Any) -> Entry | None:
             mtime_ns=fields["mtime_ns"], size=fields["size"], digest=fields["digest"],
             context=fields["context"], relevant=fields["relevant"], summary=fields["summary"],
             summary_digest=fields["summary_digest"], edges=fields["edges"],
-            checked=fields["checked"], callees=fields["callees"],
+            checked=fields["checked"], callees=fields["callees"], outline=fields["outline"],
             findings=None if findings is None else Findings(
                 tuple(findings["ignored"]), findings["consulted"],
                 list(findings["diagnostics"])),
@@ -130,6 +132,7 @@ def _entry(fields: Any) -> Entry | None:
                 and (entry.edges is None or (isinstance(entry.edges, list)
                                              and all(isinstance(e, str) for e in entry.edges)))
                 and (entry.checked is None or isinstance(entry.checked, str))
+                and (entry.outline is None or isinstance(entry.outline, str))
                 and (entry.callees is None or (
                     isinstance(entry.callees, list) and (entry.edges is not None) and all(
                         isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)

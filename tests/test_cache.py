@@ -158,3 +158,26 @@ def test_two_runs_writing_the_cache_at_once_keep_each_others_entries(tmp_path, m
     assert reads == []
     monkeypatch.undo()
     assert {Path(p).name for p in Cache(tmp_path, "k" * 24).entries} == {"a.py", "b.py", "c.py"}
+
+
+def test_a_mark_added_in_a_file_nothing_imports_changes_the_cached_findings(tree):
+    """What every file's check reads of the whole project (marks such as `load_state_dict`,
+    the BN APIs built anywhere) is part of each file's cached-findings key: BN104's fix
+    becomes display-only when the project starts loading trained weights, in a file the
+    model file has nothing to do with (a warm run kept the stale fix before)."""
+    model = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+             "        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3, bias=True)\n"
+             "        self.bn = nn.BatchNorm2d(8)\n\n    def forward(self, x):\n"
+             "        return self.bn(self.conv(x))\n")
+    script = "import torch\n\n\ndef main(model):\n    return model\n"
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": model, "b.py": script})
+
+    def fixes(**options):
+        return [(d.code, d.fix.applicability.value if d.fix else None)
+                for d in _lint(root, extend_select=["BN104"], **options).remaining]
+
+    assert fixes() == [("BN104", "unsafe")]
+    (root / "b.py").write_text(script.replace("    return model",
+                                              "    model.load_state_dict(torch.load('w.pt'))\n"
+                                              "    return model"))
+    assert fixes() == fixes(cache=False) == [("BN104", "display-only")]

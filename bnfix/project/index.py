@@ -383,6 +383,8 @@ class ProjectIndex:
                     self._marks.setdefault(kind, []).append((path, lc, function))
                     self._marked.add(path)
                 self._apis.update(apis)
+            for places in self._marks.values():  # in file order, whatever order the
+                places.sort(key=lambda place: (place[0], place[1]))  # summaries came in
         return self._marks
 
     def marked_files(self) -> set[str]:

@@ -38,7 +38,7 @@ from bnfix.project.session import (
     reverse,
 )
 from bnfix.project import names as name_search
-from bnfix.project.summary import SummaryStore, summary_text
+from bnfix.project.summary import SummaryStore, outline, outline_digest, summary_text
 from bnfix.project.view import file_context
 from bnfix.project.workers import InProcess, Processes
 from bnfix.rulebook import load_rulebook
@@ -70,7 +70,6 @@ class Plan:
     entry: Entry | None = None  # the cache's entry, when still fresh
     done: Summarised | None = None
     summarised: bool = False  # it has a summary (in the store)
-    edges: list[str] | None = None
 
 
 class ProjectRunner:
@@ -97,6 +96,8 @@ class ProjectRunner:
                            if spec.registers}
         self._pool: InProcess | Processes | None = None
         self._modules: ModuleMap | None = None
+        # each summarised module's outline digest (marks and BN APIs, see outline_digest)
+        self._outlines: dict[str, str] = {}
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -119,6 +120,8 @@ class ProjectRunner:
                     assert plan.entry.summary_digest is not None
                     self.store.add_text(ref.module_id, plan.entry.summary,
                                         plan.entry.summary_digest)
+                    if plan.entry.outline is not None:
+                        self._outlines[ref.module_id] = plan.entry.outline
                     plan.summarised = True
             plans.append(plan)
         return plans
@@ -285,18 +288,21 @@ class ProjectRunner:
             if done.reused and stale is not None and done.stat is not None:
                 plan.entry = Entry(done.stat[0], done.stat[1], stale.digest, plan.context,
                                    stale.relevant, stale.summary, stale.summary_digest,
-                                   stale.edges, stale.checked, stale.findings, stale.callees)
+                                   stale.edges, stale.checked, stale.findings, stale.callees,
+                                   stale.outline)
                 if stale.summary is not None:
                     self.store.add_text(plan.ref.module_id, stale.summary,
                                         stale.summary_digest or "")
+                    if stale.outline is not None:
+                        self._outlines[plan.ref.module_id] = stale.outline
                     plan.summarised = True
                 if self.cache is not None:
                     self.cache.put(done.path, plan.entry)
                 continue
             plan.done = done
-            plan.edges = None
             if done.summary is not None:
                 self.store.add(done.summary)
+                self._outlines[done.summary.module] = outline_digest(outline(done.summary))
                 plan.summarised = True
             if self.cache is not None and done.stat is not None and done.digest is not None \
                     and done.error is None:
@@ -304,7 +310,9 @@ class ProjectRunner:
                 plan.entry = Entry(done.stat[0], done.stat[1], done.digest, plan.context,
                                    done.relevant, text,
                                    done.summary.digest if done.summary is not None else None,
-                                   None, None, None)
+                                   None, None, None,
+                                   outline=self._outlines[done.summary.module]
+                                   if done.summary is not None else None)
                 self.cache.put(done.path, plan.entry)
 
     # -- step 4 --------------------------------------------------------------------------------
@@ -347,6 +355,7 @@ class ProjectRunner:
         """Step 4: findings of the files asked about."""
         forward = self._edges(plans, index, scope)
         backward = reverse(forward)
+        everywhere = self._project_facts()
         index.dependents = backward
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
@@ -367,7 +376,7 @@ class ProjectRunner:
                     yield FileResult(plan.shown, ignored=plan.ignored, digest=plan.done.digest)
                 continue
             consulted = digest_of(self.store.digests, dependency_cone(
-                forward, backward, plan.ref.module_id)) if plan.summarised else ""
+                forward, backward, plan.ref.module_id), everywhere) if plan.summarised else ""
             cached = self._cached(plan, consulted)
             if cached is not None:
                 yield cached
@@ -403,6 +412,18 @@ class ProjectRunner:
             for d in (*result.diagnostics, *result.fixed):
                 object.__setattr__(d, "path", plan.shown)
             yield self._store(plan, result, consulted)
+
+    def _project_facts(self) -> str:
+        """A digest of what every file's check reads of every module (marks and BN APIs): a
+        `load_state_dict` added anywhere changes a BN104 fix in a file that imports nothing of
+        it, so it is part of every file's cached-findings key."""
+        parts = []
+        for module in sorted(self.store):
+            found = self._outlines.get(module)
+            if found is None:
+                found = self._outlines[module] = outline_digest(self.store.outline(module))
+            parts.append(f"{module}={found}")
+        return hashlib.sha256(";".join(parts).encode()).hexdigest()[:20]
 
     def _error(self, plan: Plan) -> FileResult:
         assert plan.done is not None and plan.done.error is not None

@@ -321,9 +321,10 @@ def project_root(paths: list[Path], configured: Path | None) -> Path:
     return common
 
 
-def digest_of(digests: dict[str, str], modules: set[str]) -> str:
-    """One digest of the summaries of `modules` (what a file's findings were checked against)."""
-    h = hashlib.sha256()
+def digest_of(digests: dict[str, str], modules: set[str], extra: str = "") -> str:
+    """One digest of the summaries of `modules` (what a file's findings were checked against),
+    and of `extra` (what it read of every module)."""
+    h = hashlib.sha256(extra.encode())
     for name in sorted(modules):
         h.update(f"{name}={digests.get(name, '-')};".encode())
     return h.hexdigest()[:24]

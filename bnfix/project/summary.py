@@ -314,5 +314,16 @@ def outline(summary: ModuleSummary | None) -> Outline | None:
             frozenset(b.api for f in summary.functions.values() for b in f.bn))
 
 
+def outline_digest(found: Outline | None) -> str:
+    """A digest of what every file's check reads of this module whatever it imports: its
+    marks (kind, place, function) and the BN APIs it builds (see ProjectIndex.project_marks)."""
+    if found is None:
+        return "-"
+    path, marks, apis = found
+    text = json.dumps([path, [[k, list(lc), f] for k, lc, f in marks], sorted(apis)],
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
 def summary_text(summary: ModuleSummary) -> str:
     return json.dumps(summary.to_data(), separators=(",", ":"))
