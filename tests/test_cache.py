@@ -135,6 +135,51 @@ def test_editing_a_model_file_rechecks_its_users_and_nothing_else(tree, monkeypa
     assert sorted(checked) == ["models/layers.py", "train.py"]
 
 
+# a script with a BN of its own (so it is summarised) that imports the package
+REPORT = ("import torch.nn as nn\n\nimport models\n\nhead = nn.BatchNorm1d(4, momentum=0.9)\n"
+          "print(models.heads)\n")
+
+
+def test_a_file_is_checked_again_for_its_callers_not_for_importers_of_its_package(
+        tree, monkeypatch):
+    """A module's findings depend on the modules it reaches, those that import it, and those
+    whose calls resolve into it (callers of callers): editing a script that imports the
+    package does not re-check the package's other modules, unless the script calls into
+    them; when it does, the wrapper's module is checked again with it (its finding moves)."""
+    from bnfix.project.session import Worker
+
+    wrapper = WRAPPER.format(passed="trainable")
+    root = tree({"pyproject.toml": "[tool.bnfix]\n",
+                 "models/__init__.py": "from .layers import bn\nfrom . import heads\n",
+                 "models/layers.py": wrapper, "models/heads.py": UNRELATED,
+                 "report.py": REPORT})
+    hour_ago = time.time_ns() - 3600 * 10**9
+    for path in root.rglob("*.py"):
+        os.utime(path, ns=(hour_ago, hour_ago))
+    checked: list[str] = []
+    original = Worker.check_file
+
+    def recording(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        checked.append(Path(path).relative_to(root).as_posix())
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "check_file", recording)
+    _lint(root)
+    checked.clear()
+    (root / "report.py").write_text(REPORT + "tail = nn.BatchNorm1d(2)\n")  # a new summary
+    os.utime(root / "report.py", ns=(hour_ago + 10**9, hour_ago + 10**9))
+    assert sorted(d.code for d in _lint(root).remaining) == ["BN008", "BN008"]
+    assert "report.py" in checked  # and the package it imports (whether anything imports it)
+    assert "models/layers.py" not in checked and "models/heads.py" not in checked
+    checked.clear()
+    (root / "report.py").write_text(REPORT + "\nout = models.bn(images, True, trainable=False)\n")
+    os.utime(root / "report.py", ns=(hour_ago + 2 * 10**9, hour_ago + 2 * 10**9))
+    warm = sorted((Path(d.path).name, d.code) for d in _lint(root).remaining)
+    assert "models/layers.py" in checked and "models/heads.py" not in checked
+    assert warm == sorted((Path(d.path).name, d.code) for d in _lint(root, cache=False).remaining)
+    assert ("report.py", "BN001") in warm
+
+
 def test_two_runs_writing_the_cache_at_once_keep_each_others_entries(tmp_path, monkeypatch):
     """A run re-reads the cache file before replacing it only when another process replaced it
     since the run read it (parallel pre-commit chunks): then both runs' entries are kept."""

@@ -355,6 +355,8 @@ class ProjectRunner:
         """Step 4: findings of the files asked about."""
         forward = self._edges(plans, index, scope)
         backward = reverse(forward)
+        callers = reverse({module: sorted({m for m, _ in index.callees.get(module, ())})
+                           for module in forward} if index.callees is not None else forward)
         everywhere = self._project_facts()
         index.dependents = backward
         waiting: dict[str, tuple[Plan, str]] = {}
@@ -376,7 +378,8 @@ class ProjectRunner:
                     yield FileResult(plan.shown, ignored=plan.ignored, digest=plan.done.digest)
                 continue
             consulted = digest_of(self.store.digests, dependency_cone(
-                forward, backward, plan.ref.module_id), everywhere) if plan.summarised else ""
+                forward, backward, callers, plan.ref.module_id), everywhere) \
+                if plan.summarised else ""
             cached = self._cached(plan, consulted)
             if cached is not None:
                 yield cached
@@ -422,7 +425,8 @@ class ProjectRunner:
             found = self._outlines.get(module)
             if found is None:
                 found = self._outlines[module] = outline_digest(self.store.outline(module))
-            parts.append(f"{module}={found}")
+            if found:  # a module with no marks and no BN changes nothing there
+                parts.append(f"{module}={found}")
         return hashlib.sha256(";".join(parts).encode()).hexdigest()[:20]
 
     def _error(self, plan: Plan) -> FileResult:

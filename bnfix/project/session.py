@@ -269,20 +269,21 @@ def module_links(index: ProjectIndex, module: str) -> tuple[list[str], list[list
     return sorted(targets), [list(key) for key in sorted(callees)]
 
 
-def dependency_cone(forward: dict[str, list[str]], backward: dict[str, set[str]],
-                    module: str) -> set[str]:
+def dependency_cone(forward: dict[str, list[str]], importers: dict[str, set[str]],
+                    callers: dict[str, set[str]], module: str) -> set[str]:
     """The modules whose summaries can change what this module's check finds: those it
-    reaches (imports and calls, transitively) and those that reach it (callers of callers,
-    CALLER_LEVELS deep)."""
+    reaches (imports and calls, transitively), those that import it (whether anything does),
+    and those whose calls resolve into it (callers of callers, CALLER_LEVELS deep: what the
+    view attaches). A module that only imports one that imports this one is not in it."""
     cone = {module}
-    for graph, depth in ((forward, None), (backward, CALLER_LEVELS)):
+    for graph, depth in ((forward, None), (callers, CALLER_LEVELS)):
         frontier = {module}
         level = 0
         while frontier and (depth is None or level < depth):
             frontier = {n for m in frontier for n in graph.get(m, ())} - cone
             cone |= frontier
             level += 1
-    return cone
+    return cone | importers.get(module, set())
 
 
 def reaching(modules: set[str], forward: Mapping[str, Iterable[str]]) -> set[str]:

@@ -317,8 +317,8 @@ def outline(summary: ModuleSummary | None) -> Outline | None:
 def outline_digest(found: Outline | None) -> str:
     """A digest of what every file's check reads of this module whatever it imports: its
     marks (kind, place, function) and the BN APIs it builds (see ProjectIndex.project_marks)."""
-    if found is None:
-        return "-"
+    if found is None or not (found[1] or found[2]):
+        return ""  # nothing for other files to read
     path, marks, apis = found
     text = json.dumps([path, [[k, list(lc), f] for k, lc, f in marks], sorted(apis)],
                       separators=(",", ":"))
