@@ -12,10 +12,10 @@ the naive one's and torch's own autograd function, each with its real collective
 one-rank group; what the synced computations cost on the device against plain BN (cuDNN's on
 CUDA), without a peer to wait for.
 
-`--graphs` (CUDA): also plain BN and bnfix with forward and backward captured as CUDA graphs
-(`torch.cuda.make_graphed_callables`): a step with no kernel launches from the host, which
-bnfix's synced path allows (it never synchronises with the host) and torch's does not (its
-forward reads which ranks are empty on the host).
+`--graphs` (CUDA): also plain BN, the naive SyncBN and bnfix with forward and backward
+captured as CUDA graphs (`torch.cuda.make_graphed_callables`): a step with no kernel launches
+from the host, which bnfix's synced path allows (it never synchronises with the host) and
+torch's does not (its forward reads which ranks are empty on the host).
 
 `--count-ops`: instead, the aten calls one BN layer's training step dispatches (forward,
 backward and the loss's own; counted with a TorchDispatchMode), plain BN against bnfix's synced
@@ -156,7 +156,7 @@ def _rank(rank: int, args: argparse.Namespace, workdir: str) -> None:
     tv = zoo_models.import_torchvision()
     variants = ["plain", "naive", "bnfix"] + (["torch"] if backend == "nccl" else [])
     if args.graphs and backend == "nccl":
-        variants += ["plain+graph", "bnfix+graph"]
+        variants += ["plain+graph", "naive+graph", "bnfix+graph"]
     results: dict[tuple[str, str], float | str] = {}
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, 3, args.size, args.size, generator=gen).to(device)
@@ -243,7 +243,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--graphs", action="store_true",
-                        help="also CUDA-graph captured plain BN and bnfix (nccl)")
+                        help="also CUDA-graph captured plain BN, naive SyncBN and bnfix (nccl)")
     parser.add_argument("--one-rank", action="store_true",
                         help="one rank, every variant's synced path forced (one GPU)")
     parser.add_argument("--count-ops", action="store_true",
@@ -260,7 +260,7 @@ def main() -> None:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         mp.spawn(_rank, args=(args, workdir), nprocs=args.world)
         results = torch.load(Path(workdir) / "results.pt")
-    order = ["plain", "naive", "bnfix", "torch", "plain+graph", "bnfix+graph"]
+    order = ["plain", "naive", "bnfix", "torch", "plain+graph", "naive+graph", "bnfix+graph"]
     variants = sorted({v for _, v in results}, key=order.index)
     what = " (synced paths forced)" if args.one_rank else ""
     print(f"{args.world} {args.backend} ranks{what}, {args.batch}x3x{args.size}x{args.size} per rank, "
