@@ -180,6 +180,72 @@ def test_a_file_is_checked_again_for_its_callers_not_for_importers_of_its_packag
     assert ("report.py", "BN001") in warm
 
 
+# a training script that calls a helper of the wrapper's module before the helper exists
+CALLS_HELPER = TRAIN + "\nfrom models import layers\n\nscaled = layers.helper(images)\n"
+
+
+def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tree, monkeypatch):
+    """A top-level function that builds no BN, calls no first-party code and has no facts
+    changes nothing another file's check reads: adding one to the wrapper's module re-checks
+    that module and not its users. A user whose call now resolves to it is checked again (its
+    resolved callees are in its key); warm equals cold at every step."""
+    from bnfix.project.session import Worker
+
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
+                 "models/layers.py": WRAPPER.format(passed="trainable"), "train.py": TRAIN,
+                 "eval.py": CALLS_HELPER})
+    hour_ago = time.time_ns() - 3600 * 10**9
+    for path in root.rglob("*.py"):
+        os.utime(path, ns=(hour_ago, hour_ago))
+    checked: list[str] = []
+    original = Worker.check_file
+
+    def recording(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        checked.append(Path(path).relative_to(root).as_posix())
+        return original(self, path, *args, **kwargs)
+
+    def findings(**options) -> list[tuple[str, str, int]]:
+        return sorted((Path(d.path).name, d.code, d.span.start.row)
+                      for d in _lint(root, **options).remaining)
+
+    monkeypatch.setattr(Worker, "check_file", recording)
+    cold = findings()
+    assert ("train.py", "BN001") in {(name, code) for name, code, _ in cold}
+    layers = root / "models" / "layers.py"
+    for step, helper in enumerate(["\n\ndef unrelated(x):\n    return x * 2\n",
+                                   "\n\ndef helper(x):\n    return x + 1\n"], start=1):
+        checked.clear()
+        layers.write_text(layers.read_text() + helper)
+        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
+        warm = findings()
+        rechecked = sorted(checked)
+        assert warm == findings(cache=False)
+        if step == 1:  # nothing calls it: its module alone
+            assert rechecked == ["models/layers.py"]
+        else:  # eval.py's call to it now resolves: eval.py again, train.py still not
+            assert rechecked == ["eval.py", "models/layers.py"]
+
+
+def test_a_summary_digest_leaves_out_silent_functions_only() -> None:
+    """A top-level function with nothing to say leaves the digest as it was; one that shadows
+    an import, has a fact, calls first-party code or is a method does not."""
+    from bnfix.project.summary import CallRecord, ClassSummary, FunctionSummary, ModuleSummary
+
+    def function(qualname: str, **facts) -> FunctionSummary:
+        name = qualname.rsplit(".", 1)[-1]
+        return FunctionSummary(qualname, name, "Net" if "." in qualname else None, (9, 0, 10, 0),
+                               (), **facts)
+
+    base = {"module": "m", "import_name": "m", "path": "m.py", "imports": {"build": "pkg.build"},
+            "classes": {"Net": ClassSummary("Net", (1, 0, 8, 0), (), ())}}
+    plain = ModuleSummary(**base).digest
+    assert ModuleSummary(**base, functions={"helper": function("helper")}).digest == plain
+    call = CallRecord("pkg.build", (9, 4, 9, 11), {})
+    for loud in (function("build"), function("helper", facts=("eval_helper",)),
+                 function("helper", calls=(call,)), function("Net.helper")):
+        assert ModuleSummary(**base, functions={loud.qualname: loud}).digest != plain, loud
+
+
 def test_two_runs_writing_the_cache_at_once_keep_each_others_entries(tmp_path, monkeypatch):
     """A run re-reads the cache file before replacing it only when another process replaced it
     since the run read it (parallel pre-commit chunks): then both runs' entries are kept."""

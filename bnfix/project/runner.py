@@ -377,8 +377,11 @@ class ProjectRunner:
                 else:  # summarised only because it names a first-party BN builder
                     yield FileResult(plan.shown, ignored=plan.ignored, digest=plan.done.digest)
                 continue
+            # the file's own resolved callees too: a call that now resolves to a function
+            # whose module's digest leaves it out (a silent function) is a change
             consulted = digest_of(self.store.digests, dependency_cone(
-                forward, backward, callers, plan.ref.module_id), everywhere) \
+                forward, backward, callers, plan.ref.module_id),
+                everywhere + _callees_text(index, plan.ref.module_id)) \
                 if plan.summarised else ""
             cached = self._cached(plan, consulted)
             if cached is not None:
@@ -485,6 +488,12 @@ def _code_names(text: str) -> set[str]:
 def _failed(plan: Plan) -> bool:
     return plan.done is not None and (plan.done.error is not None or plan.done.note is not None
                                       or plan.done.internal is not None)
+
+
+def _callees_text(index: ProjectIndex, module: str) -> str:
+    """The functions `module`'s calls resolve to, as one line for its findings' key."""
+    found = index.callees.get(module, frozenset()) if index.callees is not None else ()
+    return ";" + ",".join(f"{m}:{q}" for m, q in sorted(found))
 
 
 def _worker(path: str, size: int) -> int:

@@ -187,10 +187,30 @@ class ModuleSummary:
     @functools.cached_property
     def digest(self) -> str:
         """What dependents' cached findings are keyed by: a change that leaves the summary the
-        same (a comment, a line that says nothing about BN) does not re-check them. Taken
-        once, when the summary is made (the cache stores it with the summary)."""
-        text = json.dumps(self._content(), separators=(",", ":"))
+        same (a comment, a line that says nothing about BN) does not re-check them, and nor
+        does a silent function (see `silent_functions`) added or removed. Taken once, when the
+        summary is made (the cache stores it with the summary)."""
+        content = self._content()
+        silent = self.silent_functions()
+        if silent:
+            content["functions"] = [_function_data(f) for f in self.functions.values()
+                                    if f.qualname not in silent]
+        text = json.dumps(content, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def silent_functions(self) -> frozenset[str]:
+        """Top-level functions that tell another module's check nothing: no BN built, no
+        first-party call, no fact, no known return value, no mark, and a name nothing else in
+        the module binds (so it shadows no import). Another file can only see one by calling
+        it, and a call that resolves differently is in the calling file's own key (its
+        resolved callees), so adding a helper to a shared module re-checks that module alone."""
+        bound = {*self.imports, *self.classes, *self.constants}
+        marked = {function for _, _, function in self.marks}
+        return frozenset(
+            f.qualname for f in self.functions.values()
+            if f.class_name is None and f.qualname == f.name != MODULE_SCOPE
+            and f.name not in bound and f.qualname not in marked
+            and not (f.bn or f.calls or f.facts or f.returns))
 
 
 def _refs(args: dict[str, Ref]) -> dict[str, Any]:
