@@ -102,17 +102,19 @@ head = nn.BatchNorm2d(8, momentum=0.9)
 """
 
 
-def test_editing_a_model_file_rechecks_its_users_and_nothing_else(tree, monkeypatch):
-    """A finding at a call site depends on the wrapper in another file: editing the wrapper
-    re-checks the wrapper and its caller (the finding appears), not an unrelated file."""
-    from bnfix.project.session import Worker
-
-    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
-                 "models/layers.py": WRAPPER.format(passed="True"), "train.py": TRAIN,
-                 "other.py": UNRELATED})
-    hour_ago = time.time_ns() - 3600 * 10**9  # not modified around the runs: stat is trusted
+def _age(root: Path) -> int:
+    """Every file's times an hour back (not modified around the runs: stat is trusted); that
+    time in ns, for the edits that follow."""
+    hour_ago = time.time_ns() - 3600 * 10**9
     for path in root.rglob("*.py"):
         os.utime(path, ns=(hour_ago, hour_ago))
+    return hour_ago
+
+
+def _record_checks(root: Path, monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The files the project pass checks (not served from the cache), as they happen."""
+    from bnfix.project.session import Worker
+
     checked: list[str] = []
     original = Worker.check_file
 
@@ -121,6 +123,17 @@ def test_editing_a_model_file_rechecks_its_users_and_nothing_else(tree, monkeypa
         return original(self, path, *args, **kwargs)
 
     monkeypatch.setattr(Worker, "check_file", recording)
+    return checked
+
+
+def test_editing_a_model_file_rechecks_its_users_and_nothing_else(tree, monkeypatch):
+    """A finding at a call site depends on the wrapper in another file: editing the wrapper
+    re-checks the wrapper and its caller (the finding appears), not an unrelated file."""
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
+                 "models/layers.py": WRAPPER.format(passed="True"), "train.py": TRAIN,
+                 "other.py": UNRELATED})
+    hour_ago = _age(root)
+    checked = _record_checks(root, monkeypatch)
     first = _lint(root)
     assert sorted(d.code for d in first.remaining) == ["BN008"]
     assert "other.py" in checked and "train.py" in checked
@@ -146,24 +159,13 @@ def test_a_file_is_checked_again_for_its_callers_not_for_importers_of_its_packag
     whose calls resolve into it (callers of callers): editing a script that imports the
     package does not re-check the package's other modules, unless the script calls into
     them; when it does, the wrapper's module is checked again with it (its finding moves)."""
-    from bnfix.project.session import Worker
-
     wrapper = WRAPPER.format(passed="trainable")
     root = tree({"pyproject.toml": "[tool.bnfix]\n",
                  "models/__init__.py": "from .layers import bn\nfrom . import heads\n",
                  "models/layers.py": wrapper, "models/heads.py": UNRELATED,
                  "report.py": REPORT})
-    hour_ago = time.time_ns() - 3600 * 10**9
-    for path in root.rglob("*.py"):
-        os.utime(path, ns=(hour_ago, hour_ago))
-    checked: list[str] = []
-    original = Worker.check_file
-
-    def recording(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        checked.append(Path(path).relative_to(root).as_posix())
-        return original(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(Worker, "check_file", recording)
+    hour_ago = _age(root)
+    checked = _record_checks(root, monkeypatch)
     _lint(root)
     checked.clear()
     (root / "report.py").write_text(REPORT + "tail = nn.BatchNorm1d(2)\n")  # a new summary
@@ -189,26 +191,16 @@ def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tre
     changes nothing another file's check reads: adding one to the wrapper's module re-checks
     that module and not its users. A user whose call now resolves to it is checked again (its
     resolved callees are in its key); warm equals cold at every step."""
-    from bnfix.project.session import Worker
-
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
                  "models/layers.py": WRAPPER.format(passed="trainable"), "train.py": TRAIN,
                  "eval.py": CALLS_HELPER})
-    hour_ago = time.time_ns() - 3600 * 10**9
-    for path in root.rglob("*.py"):
-        os.utime(path, ns=(hour_ago, hour_ago))
-    checked: list[str] = []
-    original = Worker.check_file
-
-    def recording(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        checked.append(Path(path).relative_to(root).as_posix())
-        return original(self, path, *args, **kwargs)
+    hour_ago = _age(root)
+    checked = _record_checks(root, monkeypatch)
 
     def findings(**options) -> list[tuple[str, str, int]]:
         return sorted((Path(d.path).name, d.code, d.span.start.row)
                       for d in _lint(root, **options).remaining)
 
-    monkeypatch.setattr(Worker, "check_file", recording)
     cold = findings()
     assert ("train.py", "BN001") in {(name, code) for name, code, _ in cold}
     layers = root / "models" / "layers.py"
