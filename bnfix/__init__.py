@@ -37,7 +37,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from bnfix.api import FixResult, Report, check_paths, check_source, fix_source
-    from bnfix.engine import Diagnostic
+    from bnfix.findings import Diagnostic
     from bnfix.rulebook import RuleBook, load_rulebook
 
 

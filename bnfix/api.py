@@ -6,7 +6,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bnfix.engine import Diagnostic, Engine, FileResult
+from bnfix.engine import Engine
+from bnfix.findings import Diagnostic, FileResult
 from bnfix.lint import LintOptions, lint_paths, prepare
 
 

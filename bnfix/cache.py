@@ -22,14 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bnfix import __version__
-from bnfix.engine import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
+from bnfix.findings import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
 from bnfix.source.reader import Skipped, SourceError, read_source
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ def rules_digest(folder: Path) -> str:
 
 
 _LINT_CODE = ("source", "checks", "project")
-_LINT_MODULES = ("engine.py", "ir.py", "rulebook.py", "cache.py")
+_LINT_MODULES = ("engine.py", "findings.py", "ir.py", "rulebook.py", "cache.py")
 
 
 def code_digest() -> str:
@@ -276,6 +275,8 @@ def prepare_folder(folder: Path) -> None:
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Replace `path` with `payload` at once (a temporary file renamed over it)."""
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

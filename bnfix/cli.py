@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
 EPILOG = "Exit codes: 0 clean (or everything fixed), 1 findings remain, 2 usage or internal error."
 
@@ -126,7 +127,11 @@ def _lint_arguments(parser: argparse.ArgumentParser, fix_default: bool) -> None:
                         help="print the traceback of an internal error")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """bnfix's parser. `command`: the one subcommand it is built for (argparse builds a help
+    formatter for every option and looks up translations for every parser: building them all
+    cost more than the rest of an empty run); None, or a word that is no command, builds
+    every command (for `bnfix --help` and the "did you mean" of a mistyped one)."""
     from bnfix import __version__
     from bnfix.parser import Parser
 
@@ -137,22 +142,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bnfix {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    check = sub.add_parser("check", help="report BatchNorm bugs (static: never runs your code)",
-                           epilog=EPILOG, usage="%(prog)s [OPTIONS] [PATHS ...]")
-    _lint_arguments(check, fix_default=False)
-    fix = sub.add_parser("fix", help="fix BatchNorm bugs in place (= check --fix)", epilog=EPILOG,
-                         usage="%(prog)s [OPTIONS] [PATHS ...]")
-    _lint_arguments(fix, fix_default=True)
-    rule = sub.add_parser("rule", help="print a rule's documentation")
+    for name, (settings, add) in _COMMAND_PARSERS.items():
+        if command in _COMMAND_PARSERS and command != name:
+            continue
+        add(sub.add_parser(name, **settings))
+    parser.commands = dict(sub.choices)
+    for made in parser.commands.values():
+        if isinstance(made, Parser):
+            made.top = parser
+    return parser
+
+
+def _rule_arguments(rule: argparse.ArgumentParser) -> None:
     rule.add_argument("code", nargs="?", help="rule code or name, e.g. BN001")
     rule.add_argument("--all", action="store_true", help="every rule")
     rule.add_argument("--output-format", default="text", choices=("text", "json"))
-    rules = sub.add_parser("rules", help="list the rules")
+
+
+def _rules_arguments(rules: argparse.ArgumentParser) -> None:
     rules.add_argument("--output-format", default="text", choices=("text", "json", "markdown"))
-    convert = sub.add_parser(
-        "convert", help="rewrite a model file's BN layers (Keras: sync|plain|groupnorm; ONNX: "
-                        "inference|folded)",
-        epilog="Exit codes: 0 written, 1 the rewrite failed its check (nothing written), 2 usage.")
+
+
+def _convert_arguments(convert: argparse.ArgumentParser) -> None:
     convert.add_argument("model", help="MODEL.keras or MODEL.onnx")
     convert.add_argument("--to", required=True,
                          choices=("sync", "plain", "groupnorm", "inference", "folded"),
@@ -164,9 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--max-tensor-bytes", type=_tensor_bytes, default=None, metavar="BYTES",
                          help="refuse a model member that declares more (default 256 MiB; "
                               "suffixes K, M, G)")
-    inspect = sub.add_parser(
-        "inspect", help="find BN bugs' fingerprints in checkpoints, graphs and exported models",
-        epilog=EPILOG)
+
+
+def _inspect_arguments(inspect: argparse.ArgumentParser) -> None:
     inspect.add_argument("paths", nargs="+", help="checkpoints, graphs, model files or folders")
     inspect.add_argument("--output-format", default="full",
                          choices=("full", "concise", "json", "github", "sarif"))
@@ -185,35 +196,69 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default 256 MiB; suffixes K, M, G), before reading it")
     inspect.add_argument("--no-cache", action="store_true",
                          help="read every artifact; neither read nor write the cache")
+
+
+def _validate_arguments(validate: argparse.ArgumentParser) -> None:
     from bnfix.validate.arguments import add_arguments
 
-    add_arguments(sub.add_parser("validate", help="prove a BN rewrite by running both versions "
-                                                  "(runs your code)"))
-    from bnfix.doctor.arguments import add_arguments as doctor_arguments
+    add_arguments(validate)
 
-    doctor_arguments(sub.add_parser(
-        "doctor", help="run a training command with BN monitors and diagnose BN (runs your code)",
-        epilog="Exit codes: 0 no finding, 1 findings, 2 usage error or the command failed."))
-    server = sub.add_parser(
-        "server", help="run the language server for editors (LSP over stdin/stdout)",
-        description="A Language Server for editors (LSP over stdin/stdout): diagnostics for "
-                    "open Python files — with their unsaved text, the project's [tool.bnfix] "
-                    "configuration and the project around them, as `bnfix check` reports them — "
-                    "and code actions: each finding's fix (unsafe ones labelled), `# noqa` for "
-                    "its line, and all safe fixes (source.fixAll.bnfix). See docs/editor.md.",
-        epilog="Exit codes: 0 after the client's shutdown request, 1 when the client exits "
-               "without one, 2 usage (the server needs pygls: pip install \"bnfix[lsp]\").")
+
+def _doctor_arguments(doctor: argparse.ArgumentParser) -> None:
+    from bnfix.doctor.arguments import add_arguments
+
+    add_arguments(doctor)
+
+
+def _server_arguments(server: argparse.ArgumentParser) -> None:
     server.add_argument("--no-cache", dest="cache", action="store_false",
                         help="do not read or write .bnfix_cache/")
     server.add_argument("--debounce", type=_seconds, default=None, metavar="SECONDS",
                         help="wait this long after an edit before analysing (default 0.15)")
-    version = sub.add_parser("version", help="print bnfix's version")
+
+
+def _version_arguments(version: argparse.ArgumentParser) -> None:
     version.add_argument("--output-format", default="text", choices=("text", "json"))
-    parser.commands = dict(sub.choices)
-    for command in parser.commands.values():
-        if isinstance(command, Parser):
-            command.top = parser
-    return parser
+
+
+# Each command: what `add_parser` is given, and what adds its options.
+_COMMAND_PARSERS: dict[str, tuple[dict[str, str], Callable[[argparse.ArgumentParser], None]]] = {
+    "check": ({"help": "report BatchNorm bugs (static: never runs your code)",
+               "epilog": EPILOG, "usage": "%(prog)s [OPTIONS] [PATHS ...]"},
+              lambda check: _lint_arguments(check, fix_default=False)),
+    "fix": ({"help": "fix BatchNorm bugs in place (= check --fix)",
+             "epilog": EPILOG, "usage": "%(prog)s [OPTIONS] [PATHS ...]"},
+            lambda fix: _lint_arguments(fix, fix_default=True)),
+    "rule": ({"help": "print a rule's documentation"}, _rule_arguments),
+    "rules": ({"help": "list the rules"}, _rules_arguments),
+    "convert": ({"help": "rewrite a model file's BN layers (Keras: sync|plain|groupnorm; ONNX: "
+                         "inference|folded)",
+                 "epilog": "Exit codes: 0 written, 1 the rewrite failed its check (nothing "
+                           "written), 2 usage."},
+                _convert_arguments),
+    "inspect": ({"help": "find BN bugs' fingerprints in checkpoints, graphs and exported models",
+                 "epilog": EPILOG},
+                _inspect_arguments),
+    "validate": ({"help": "prove a BN rewrite by running both versions (runs your code)"},
+                 _validate_arguments),
+    "doctor": ({"help": "run a training command with BN monitors and diagnose BN (runs your "
+                        "code)",
+                "epilog": "Exit codes: 0 no finding, 1 findings, 2 usage error or the command "
+                          "failed."},
+               _doctor_arguments),
+    "server": ({"help": "run the language server for editors (LSP over stdin/stdout)",
+                "description": "A Language Server for editors (LSP over stdin/stdout): "
+                               "diagnostics for open Python files — with their unsaved text, the "
+                               "project's [tool.bnfix] configuration and the project around "
+                               "them, as `bnfix check` reports them — and code actions: each "
+                               "finding's fix (unsafe ones labelled), `# noqa` for its line, and "
+                               "all safe fixes (source.fixAll.bnfix). See docs/editor.md.",
+                "epilog": "Exit codes: 0 after the client's shutdown request, 1 when the client "
+                          "exits without one, 2 usage (the server needs pygls: pip install "
+                          "\"bnfix[lsp]\")."},
+               _server_arguments),
+    "version": ({"help": "print bnfix's version"}, _version_arguments),
+}
 
 
 def _seconds(value: str) -> float:
@@ -385,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     import signal
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # the command is the first word: `bnfix` itself has no option that takes a value
+    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported with the usage of the command they were given to
         command = parser.commands.get(args.command or "", parser)

@@ -5,7 +5,6 @@ and the value (a usage error, exit 2), never a traceback."""
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import json
 import re
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bnfix.rulebook import RuleBook, RuleBookError, tomllib
+from bnfix.rulebook import RuleBook, RuleBookError, toml_module
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, UNLIMITED, Skipped, SourceError, read_source
 
 KNOWN_KEYS = {
@@ -117,6 +116,8 @@ def check_selectors(book: RuleBook, selectors: list[str], where: str) -> None:
         try:
             book.expand([selector], target=None)
         except RuleBookError as exc:
+            import difflib
+
             names = [*book.rules, *(r.name for r in book.rules.values())]
             close = difflib.get_close_matches(selector.strip().upper(), book.rules, n=1) or \
                 difflib.get_close_matches(selector.strip(), names, n=1)
@@ -164,6 +165,7 @@ def _list(data: dict[str, Any], key: str, path: Path) -> list[str] | None:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     """A TOML file's data; only a regular file is read (a FIFO or device never blocks)."""
+    tomllib = toml_module()
     try:
         text = read_source(path, MAX_CONFIG_BYTES).decode("utf-8")
         return tomllib.loads(text)
@@ -193,6 +195,8 @@ def _bnfix_table(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
 
 def _unknown_key(key: str) -> str:
     """`key` is not a setting: the one-line reason, with the closest known key."""
+    import difflib
+
     close = [key.replace("_", "-")] if key.replace("_", "-") in KNOWN_KEYS else \
         difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1)
     hint = f"did you mean `{close[0]}`?" if close else f"known: {', '.join(sorted(KNOWN_KEYS))}"

@@ -4,14 +4,22 @@ rule over that IR, suppressions, and fix application (iterated until nothing mor
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bnfix.checks import ENGINE_CODES, Check, registry
 from bnfix.config import CURRENT_TENSORFLOW
-from bnfix.ir import Applicability, Edit, Finding, Fix, Pos, Span
+from bnfix.findings import (
+    Applicability,
+    Diagnostic,
+    FileResult,
+    Finding,
+    Pos,
+    RelatedLocation,
+    Span,
+)
 from bnfix.rulebook import ApiSpec, RuleBook
 from bnfix.source.reader import SourceError, decode, parse
 from bnfix.source.text import SourceText
@@ -28,55 +36,6 @@ MAX_FIX_PASSES = 10
 # A rule trigger that stands for the BN API names of the catalogue (`@bn-apis:tensorflow`:
 # those of one framework): a file that mentions none of them cannot hold a BN site.
 BN_APIS = "@bn-apis"
-
-
-@dataclass(frozen=True)
-class RelatedLocation:
-    path: str
-    span: Span
-    message: str
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    """A finding bound to a file, with its fix lowered to text edits."""
-
-    path: str
-    code: str
-    name: str
-    span: Span
-    message: str
-    fix: Fix | None
-    url: str
-    snippet: tuple[tuple[int, str], ...] = ()  # (row, text) around the span, for display
-    related: tuple[RelatedLocation, ...] = ()
-    # per snippet row, how far it was shifted when cut to a window around the span (a long
-    # row): the column shown first, less one for the `…` that marks the cut; () when none was
-    snippet_shift: tuple[int, ...] = ()
-
-    @property
-    def fixable(self) -> bool:
-        return self.fix is not None and bool(self.fix.edits) and \
-            self.fix.applicability is not Applicability.DISPLAY_ONLY
-
-
-@dataclass
-class FileResult:
-    path: str
-    diagnostics: list[Diagnostic] = field(default_factory=list)  # what remains
-    fixed: list[Diagnostic] = field(default_factory=list)  # what the fixes removed
-    original: str | None = None  # the text as read, when fixes changed it
-    new_text: str | None = None  # the fixed text (not yet written)
-    encoding: str = "utf-8"
-    notes: list[str] = field(default_factory=list)  # fixes dropped, and why
-    digest: str | None = None  # of the bytes read
-    unchanged: bool = False  # the content matched the cached digest: not analysed again
-    ignored: frozenset[str] = frozenset()  # the per-file ignores it was checked with
-    internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
-
-    @property
-    def changed(self) -> bool:
-        return self.new_text is not None and self.new_text != self.original
 
 
 def is_test_module(path: str) -> bool:
@@ -370,34 +329,3 @@ class Engine:
         result.encoding = decoded.encoding
         result.digest = data_digest
         return result
-
-
-def diagnostic_to_dict(d: Diagnostic) -> dict:
-    """A diagnostic as plain data (for the cache)."""
-    fix = None
-    if d.fix is not None:
-        fix = {"a": d.fix.applicability.value, "m": d.fix.message,
-               "e": [[*_span(e.span), e.content] for e in d.fix.edits if isinstance(e, Edit)]}
-    return {"c": d.code, "n": d.name, "s": _span(d.span), "m": d.message, "f": fix, "u": d.url,
-            "x": [list(row) for row in d.snippet], "o": list(d.snippet_shift),
-            "r": [[r.path, *_span(r.span), r.message] for r in d.related]}
-
-
-def diagnostic_from_dict(data: dict, path: str) -> Diagnostic:
-    fix = None
-    if data["f"] is not None:
-        f = data["f"]
-        edits = tuple(Edit(_unspan(e[:4]), e[4]) for e in f["e"])
-        fix = Fix(Applicability(f["a"]), f["m"], edits)
-    return Diagnostic(path, data["c"], data["n"], _unspan(data["s"]), data["m"], fix, data["u"],
-                      tuple((row, text) for row, text in data["x"]),
-                      tuple(RelatedLocation(r[0], _unspan(r[1:5]), r[5]) for r in data["r"]),
-                      tuple(int(shift) for shift in data.get("o", ())))
-
-
-def _span(span: Span) -> list[int]:
-    return [span.start.row, span.start.col, span.end.row, span.end.col]
-
-
-def _unspan(values: list[int]) -> Span:
-    return Span(Pos(values[0], values[1]), Pos(values[2], values[3]))

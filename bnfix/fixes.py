@@ -24,7 +24,6 @@ import os
 import re
 import signal
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +84,8 @@ class Writer:
         """Write a temporary file with the file's mode, owner and group, then rename it over
         the file (after the digest check). False when the owner or group cannot be given to
         it (then nothing was changed)."""
+        import tempfile
+
         tmp_fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=TEMP_SUFFIX,
                                        dir=target.parent)
         try:

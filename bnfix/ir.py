@@ -1,4 +1,5 @@
-"""The intermediate representation: BN sites, their context, findings and fixes.
+"""The intermediate representation: BN sites and their context (the findings and fixes rules
+make of them are in `findings.py`).
 
 Front-ends (Python source today; modules, graphs and artifacts later) lift their input into
 these records; rules read only these records; writers lower the edits back. Nothing here
@@ -7,126 +8,14 @@ knows how the records were produced.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
-# ---------------------------------------------------------------------------------------------
-# Positions and edits
+from bnfix.findings import Pos, Span, shown_path
 
-
-class Pos(NamedTuple):
-    """A position in a text: 1-based row, 0-based column counted in characters. (Tuples: made
-    by the hundred thousand, compared and sorted constantly.)"""
-
-    row: int
-    col: int
-
-
-class Span(NamedTuple):
-    start: Pos
-    end: Pos
-
-    @staticmethod
-    def at(pos: Pos) -> Span:
-        return Span(pos, pos)
-
-
-class Applicability(str, Enum):
-    """How sure a fix is (ruff's terms): safe fixes keep the code's intent, unsafe ones may
-    change behaviour on purpose (that is the bug fix), display-only ones are advice."""
-
-    SAFE = "safe"
-    UNSAFE = "unsafe"
-    DISPLAY_ONLY = "display-only"
-
-
-@dataclass(frozen=True)
-class Edit:
-    """Replace the text in `span` with `content` (an insertion when the span is empty)."""
-
-    span: Span
-    content: str
-
-
-@dataclass(frozen=True)
-class WrapStatements:
-    """Wrap whole source rows `first_row..last_row` in a block opened by `header`.
-
-    A structural edit: the writer lowers it to text, re-indenting the rows (never the inside
-    of a multi-line string) with the file's own indentation unit."""
-
-    first_row: int
-    last_row: int
-    header: str
-
-
-@dataclass(frozen=True)
-class InsertRows:
-    """Insert whole rows before row `at_row` (one past the last row appends), each indented by
-    `indent` plus `level` steps of the file's indentation unit."""
-
-    at_row: int
-    indent: str
-    lines: tuple[tuple[int, str], ...]  # (level, text)
-
-
-@dataclass(frozen=True)
-class DeleteRows:
-    """Delete rows `first_row..last_row` entirely, line endings included."""
-
-    first_row: int
-    last_row: int
-
-
-@dataclass(frozen=True)
-class TryFinally:
-    """Run `before` rows, then rows `first_row..last_row` inside `try:`, with `finally` rows
-    in a `finally:` clause (all at the indentation of `first_row`)."""
-
-    first_row: int
-    last_row: int
-    before: tuple[str, ...]
-    finally_: tuple[str, ...]
-
-
-EditOp = Edit | WrapStatements | InsertRows | DeleteRows | TryFinally
-
-
-@dataclass(frozen=True)
-class Fix:
-    applicability: Applicability
-    message: str
-    edits: tuple[EditOp, ...] = ()
-
-
-@dataclass(frozen=True)
-class Related:
-    """Another place a finding depends on (`path` None: the finding's own file)."""
-
-    path: str | None
-    span: Span
-    message: str
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    span: Span
-    message: str
-    fix: Fix | None = None
-    related: tuple[Related, ...] = ()
-
-
-def shown_path(path: str) -> str:
-    """A path as messages show it: relative to the working folder when it is below it."""
-    if not os.path.isabs(path):
-        return path
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
+if TYPE_CHECKING:
+    from bnfix.rulebook import ApiRef
 
 # ---------------------------------------------------------------------------------------------
 # Values: what static analysis knows about an argument
@@ -402,49 +291,6 @@ class BNSite:
             default = self.api.defaults[canonical]
             return Const(default, repr(default), None)
         return None
-
-
-@dataclass(frozen=True)
-class Migration:
-    """How to replace a deprecated BN API (catalogue data, read by rule BN007)."""
-
-    to: str
-    why: str
-    written: tuple[str, ...] = ()
-    since: tuple[int, ...] = ()
-    removed: tuple[int, ...] = ()  # the version without the old API (empty: it still runs)
-    positional: int = 0
-    rename: dict[str, str] = field(default_factory=dict)
-    defaults: dict[str, str] = field(default_factory=dict)
-    values: dict[str, dict[str, str]] = field(default_factory=dict)
-    split: dict[str, dict[str, str]] = field(default_factory=dict)
-    require_str: tuple[str, ...] = ()
-    refuse: dict[str, str] = field(default_factory=dict)
-    keep_unknown: bool = False
-    add: tuple[str, ...] = ()
-    display_only: bool = False
-    # keywords that make the rewrite exact when the call passes them (not None): the fix is
-    # safe then, unsafe otherwise; empty: the rewrite is never exact (always unsafe)
-    safe_when: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ApiRef:
-    """What rules need from a catalogue entry (kept small so the IR stays front-end neutral)."""
-
-    id: str
-    framework: str
-    kind: str  # function | layer | module
-    trainable_semantics: str  # affine | inference | none
-    updates: str  # update_ops | inline | layer | module | manual
-    momentum_convention: str  # tf | torch | none
-    synced: bool
-    defaults: dict[str, object]
-    migration: Migration | None = None  # set for deprecated APIs
-    synced_counterpart: str | None = None  # what synchronizes it across devices (BN006)
-    registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
-    training_none: bool = True  # its training flag accepts None
-    frozen_drops_updates: bool = False  # trainable=False also drops its update ops (tf.layers)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import functools
 import io
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,13 @@ from typing import TextIO
 
 from bnfix.cache import Cache, cache_folder, cache_key, rules_digest
 from bnfix.config import ConfigError, Settings, check_selectors, load_settings
-from bnfix.engine import Diagnostic, Engine, FileResult
+from bnfix.engine import Engine
 from bnfix.files import Candidate, discover
+from bnfix.findings import Diagnostic, FileResult, Pos, Span
 from bnfix.fixes import NotWritten, Writer
-from bnfix.ir import Pos, Span
+from bnfix.project.modules import project_root
 from bnfix.project.pins import tensorflow_pin
 from bnfix.project.runner import ProjectRunner
-from bnfix.project.session import project_root
 from bnfix.report import formats
 from bnfix.rulebook import COMMANDS, RuleBook, RuleBookError, load_rulebook, rules_root
 
@@ -381,6 +380,8 @@ def _check_combination(options: LintOptions) -> None:
 
 def _write_output(path: Path, text: str) -> None:
     """-o/--output-file: the report replaces the file at once."""
+    import tempfile
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".bnfix",
                                    dir=path.parent if str(path.parent) else ".")

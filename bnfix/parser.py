@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
 from typing import NoReturn
@@ -43,5 +42,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _suggest(word: str, options: list[str]) -> str:
+    import difflib
+
     match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean `{match[0]}`?)" if match else ""

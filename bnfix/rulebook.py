@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-from bnfix.ir import ApiRef, Migration
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
 FIX_KINDS = ("safe", "mixed", "unsafe", "display-only", "none")
@@ -33,6 +27,49 @@ EXAMPLE_KINDS = ("valid", "invalid", "fix")
 # Artifact rules' examples are artifacts, runtime rules' examples recordings, not source.
 TARGETS = ("source", "artifact", "runtime")
 COMMANDS = {"source": "bnfix check", "artifact": "bnfix inspect", "runtime": "bnfix doctor"}
+
+
+@dataclass(frozen=True)
+class Migration:
+    """How to replace a deprecated BN API (catalogue data, read by rule BN007)."""
+
+    to: str
+    why: str
+    written: tuple[str, ...] = ()
+    since: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()  # the version without the old API (empty: it still runs)
+    positional: int = 0
+    rename: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)
+    values: dict[str, dict[str, str]] = field(default_factory=dict)
+    split: dict[str, dict[str, str]] = field(default_factory=dict)
+    require_str: tuple[str, ...] = ()
+    refuse: dict[str, str] = field(default_factory=dict)
+    keep_unknown: bool = False
+    add: tuple[str, ...] = ()
+    display_only: bool = False
+    # keywords that make the rewrite exact when the call passes them (not None): the fix is
+    # safe then, unsafe otherwise; empty: the rewrite is never exact (always unsafe)
+    safe_when: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApiRef:
+    """What rules need from a catalogue entry (kept small so the IR stays front-end neutral)."""
+
+    id: str
+    framework: str
+    kind: str  # function | layer | module
+    trainable_semantics: str  # affine | inference | none
+    updates: str  # update_ops | inline | layer | module | manual
+    momentum_convention: str  # tf | torch | none
+    synced: bool
+    defaults: dict[str, object]
+    migration: Migration | None = None  # set for deprecated APIs
+    synced_counterpart: str | None = None  # what synchronizes it across devices (BN006)
+    registers: tuple[str, ...] = ()  # collections its moving statistics join (MODEL_VARIABLES)
+    training_none: bool = True  # its training flag accepts None
+    frozen_drops_updates: bool = False  # trainable=False also drops its update ops (tf.layers)
 
 
 class RuleBookError(Exception):
@@ -278,15 +315,27 @@ class RuleBook:
 
 
 def rules_root() -> Path:
-    """Where the installed rule book lives."""
-    return _rules_root()
+    """Where the installed rule book lives: the package `bnfix.rules` (the repository's `rules/`
+    in an editable install), found without importing importlib.resources (a tenth of bnfix's
+    start-up)."""
+    spec = importlib.util.find_spec("bnfix.rules")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuleBookError("the rule book (package bnfix.rules) is not installed: reinstall bnfix")
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _rules_root() -> Path:
-    return Path(str(resources.files("bnfix.rules")))
+def toml_module() -> ModuleType:
+    """tomllib (tomli before Python 3.11), imported on first need: a run whose rule book comes
+    from the cache folder and that has no configuration file parses no TOML."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on Python 3.10 only
+        import tomli as tomllib
+    return tomllib
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    tomllib = toml_module()
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
@@ -515,7 +564,7 @@ def load_rulebook(root: Path | None = None, cache: Path | None = None) -> RuleBo
     global _DEFAULT
     if root is None:
         if _DEFAULT is None:
-            _DEFAULT = load_rulebook(_rules_root(), cache)
+            _DEFAULT = load_rulebook(rules_root(), cache)
         return _DEFAULT
     parsed = _parsed(root, cache) if cache is not None else {}
 
@@ -562,6 +611,7 @@ def _parsed(root: Path, folder: Path) -> dict[Path, dict[str, Any]]:
 
 
 def _parse(path: Path, text: bytes) -> dict[str, Any]:
+    tomllib = toml_module()
     try:
         return tomllib.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -630,7 +680,7 @@ def _module_spec(entry: dict[str, Any], path: Path) -> ModuleSpec:
 def torch_modules() -> dict[str, ModuleSpec]:
     """Every `[[module]]` entry of the catalogue, by class name."""
     specs: dict[str, ModuleSpec] = {}
-    for path in sorted((_rules_root() / "catalogue").glob("*.toml")):
+    for path in sorted((rules_root() / "catalogue").glob("*.toml")):
         for entry in _read_toml(path).get("module", []):
             spec = _module_spec(entry, path)
             if spec.cls in specs:

@@ -252,6 +252,57 @@ def test_lint_path_imports_no_framework_and_runs_no_user_code(tree):
     assert "trainable=True" in (root / "user_model.py").read_text()
 
 
+ANALYSIS_MODULES = ("bnfix.ir", "bnfix.project.index", "bnfix.project.summary",
+                    "bnfix.project.view", "bnfix.source.lift", "libcst")
+
+
+def _loaded_after(argv: list[str], cwd) -> tuple[str, list[str]]:
+    """What `bnfix.cli.main(argv)` printed, and which of ANALYSIS_MODULES it imported."""
+    probe = (
+        "import sys, bnfix.cli\n"
+        f"code = bnfix.cli.main({argv!r})\n"
+        f"print('LOADED', [m for m in {ANALYSIS_MODULES!r} if m in sys.modules], 'CODE', code)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True,
+                          check=False)
+    return proc.stdout, proc.stderr
+
+
+def test_a_warm_run_and_an_empty_one_import_no_analysis(tree):
+    """Start-up: a run whose every file is unchanged since the last one reads the cache and
+    reports; it never imports the IR, the summariser or the project index."""
+    root = tree({"pkg/model.py": BUGGY, "train.py": "from pkg.model import bn\ny = bn(x, True)\n"})
+    old = 1_600_000_000  # older than the cache's racy window: the cache trusts size and mtime
+    for path in (root / "pkg/model.py", root / "train.py"):
+        os.utime(path, (old, old))
+    cold = run_bnfix("check", "--output-format", "concise", ".", cwd=root)
+    assert cold.returncode == 1 and "BN001" in cold.stdout, cold.stdout + cold.stderr
+    out, err = _loaded_after(["check", "--output-format", "concise", "."], root)
+    assert "LOADED [] CODE 1" in out, out + err
+    assert cold.stdout in out  # the same report
+
+    empty = root / "empty"
+    empty.mkdir()
+    out, err = _loaded_after(["check", "."], empty)
+    assert "LOADED [] CODE 0" in out, out + err
+    # the control: a changed file is analysed, so the probe can see the modules load
+    (root / "train.py").write_text("from pkg.model import bn\ny = bn(x, False)\n")
+    out, err = _loaded_after(["check", "--output-format", "concise", "."], root)
+    assert "'bnfix.project.index'" in out and "'bnfix.source.lift'" in out, out + err
+
+
+def test_the_parser_is_built_for_the_command_given():
+    from bnfix.cli import COMMANDS, build_parser
+
+    assert set(build_parser("check").commands) == {"check"}
+    assert set(build_parser("rule").commands) == {"rule"}
+    assert set(build_parser(None).commands) == set(COMMANDS)  # `bnfix --help` lists them all
+    assert set(build_parser("chek").commands) == set(COMMANDS)  # so "did you mean" can name one
+    help_text = run_bnfix("--help").stdout
+    assert all(name in help_text for name in COMMANDS)
+    assert "usage: bnfix rule" in run_bnfix("rule", "--help").stdout
+
+
 def test_parallel_jobs_give_the_same_results(tree):
     files = {f"pkg/m{i:03d}.py": BUGGY if i % 3 == 0 else CLEAN for i in range(90)}
     root = tree(files)

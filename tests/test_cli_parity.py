@@ -14,7 +14,7 @@ import pytest
 from conftest import run_bnfix
 
 from bnfix import check_paths, check_source, load_rulebook
-from bnfix.ir import Applicability
+from bnfix.findings import Applicability
 
 BOOK = load_rulebook()
 

@@ -7,7 +7,7 @@ import textwrap
 
 from bnfix import check_source, fix_source, load_rulebook
 from bnfix.engine import Engine
-from bnfix.ir import Applicability, Edit, Fix, Pos, Span, WrapStatements
+from bnfix.findings import Applicability, Edit, Fix, Pos, Span, WrapStatements
 from bnfix.source.text import SourceText
 from bnfix.source.writer import UNBUILDABLE, apply_fixes, buildable, lower
 

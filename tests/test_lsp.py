@@ -28,7 +28,7 @@ from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 from bnfix.cli import main
-from bnfix.ir import Pos, Span
+from bnfix.findings import Pos, Span
 from bnfix.lint import LintOptions, run
 from bnfix.lsp.actions import noqa_edit
 from bnfix.lsp.analysis import Document, analyse

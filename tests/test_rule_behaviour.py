@@ -9,7 +9,7 @@ from conftest import run_bnfix
 
 from bnfix import check_source, fix_source
 from bnfix.engine import Engine
-from bnfix.ir import Applicability
+from bnfix.findings import Applicability
 from bnfix.rulebook import load_rulebook
 
 

@@ -264,8 +264,7 @@ def render(fmt: str, result: InspectResult, book: RuleBook) -> str:
 
 
 def _diagnostic(finding: ArtifactFinding, book: RuleBook):  # type: ignore[no-untyped-def]
-    from bnfix.engine import Diagnostic
-    from bnfix.ir import Pos, Span
+    from bnfix.findings import Diagnostic, Pos, Span
 
     rule = book.rules[finding.code]
     return Diagnostic(finding.path, finding.code, rule.name, Span.at(Pos(1, 0)), finding.message,

@@ -4,10 +4,13 @@ and examples are the rule's data file in `rules/`. Checks read only the IR."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from bnfix.ir import Finding, ModuleIR
+if TYPE_CHECKING:  # the lifted module's records are imported when a file is lifted, not before
+    from bnfix.findings import Finding
+    from bnfix.ir import ModuleIR
 
-Check = Callable[[ModuleIR], Iterable[Finding]]
+Check = Callable[["ModuleIR"], Iterable["Finding"]]
 
 REGISTRY: dict[str, Check] = {}
 # Codes the engine itself reports (a file that cannot be read or parsed).

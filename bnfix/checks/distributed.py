@@ -10,24 +10,18 @@ from collections.abc import Callable, Iterator
 
 from bnfix.checks import check
 from bnfix.checks.tensorflow import training_mode
-from bnfix.ir import (
+from bnfix.findings import (
     Applicability,
-    BNSite,
-    DeviceScope,
     Edit,
     EditOp,
     Finding,
     Fix,
-    FunctionInfo,
     InsertRows,
-    ModelStep,
-    ModuleIR,
     Related,
     Span,
-    TowerLoop,
     WrapStatements,
-    is_const,
 )
+from bnfix.ir import BNSite, DeviceScope, FunctionInfo, ModelStep, ModuleIR, TowerLoop, is_const
 
 UNSAFE = Applicability.UNSAFE
 DISPLAY = Applicability.DISPLAY_ONLY

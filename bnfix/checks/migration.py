@@ -7,24 +7,9 @@ from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.tensorflow import hard_wired
-from bnfix.ir import (
-    Applicability,
-    Arg,
-    BNSite,
-    Const,
-    Edit,
-    Finding,
-    Fix,
-    Migration,
-    ModuleIR,
-    Pos,
-    Related,
-    Span,
-    Unknown,
-    Value,
-    bindings,
-    is_string,
-)
+from bnfix.findings import Applicability, Edit, Finding, Fix, Pos, Related, Span
+from bnfix.ir import Arg, BNSite, Const, ModuleIR, Unknown, Value, bindings, is_string
+from bnfix.rulebook import Migration
 
 UNSAFE = Applicability.UNSAFE
 DISPLAY = Applicability.DISPLAY_ONLY

@@ -8,8 +8,19 @@ from dataclasses import dataclass
 
 from bnfix.checks import check
 from bnfix.checks.names import is_evaluation
-from bnfix.ir import (
+from bnfix.findings import (
     Applicability,
+    Edit,
+    EditOp,
+    Finding,
+    Fix,
+    Pos,
+    Related,
+    Span,
+    WrapStatements,
+    shown_path,
+)
+from bnfix.ir import (
     Arg,
     Binding,
     BNSite,
@@ -17,26 +28,17 @@ from bnfix.ir import (
     CallSite,
     CollectionGet,
     Const,
-    Edit,
-    EditOp,
-    Finding,
-    Fix,
     FromParam,
     FunctionInfo,
     GradientSum,
     ModuleIR,
-    Pos,
-    Related,
-    Span,
     TowerLoop,
     TrainOp,
     Value,
     VarsExpr,
     VarsTerm,
-    WrapStatements,
     bindings,
     is_const,
-    shown_path,
 )
 
 UNSAFE = Applicability.UNSAFE

@@ -10,26 +10,28 @@ from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.names import is_evaluation
-from bnfix.ir import (
+from bnfix.findings import (
     Applicability,
-    CallSite,
     DeleteRows,
     Edit,
     Finding,
     Fix,
+    InsertRows,
+    Related,
+    Span,
+    TryFinally,
+    shown_path,
+)
+from bnfix.ir import (
+    CallSite,
     FreezeCall,
     FunctionInfo,
-    InsertRows,
     ModeCall,
     ModelCall,
     ModelStep,
     ModuleIR,
     ParamFreeze,
-    Related,
-    Span,
-    TryFinally,
     is_const,
-    shown_path,
 )
 
 UNSAFE = Applicability.UNSAFE

@@ -6,8 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
-from bnfix.engine import Diagnostic
-from bnfix.ir import Edit, Pos, Span
+from bnfix.findings import Diagnostic, Edit, Pos, Span
 from bnfix.source.noqa import Suppressions
 from bnfix.source.text import SourceText
 from bnfix.source.writer import apply_fixes, final_check

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bnfix.config import ConfigError, Settings
-from bnfix.engine import Engine, FileResult
+from bnfix.engine import Engine
+from bnfix.findings import FileResult
 from bnfix.lint import LintOptions, UsageError, findings_cache, prepare, walker
+from bnfix.project.modules import project_root
 from bnfix.project.runner import ProjectRunner
-from bnfix.project.session import project_root
 from bnfix.rulebook import RuleBook
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bnfix.ir import Pos, Span
+from bnfix.findings import Pos, Span
 from bnfix.source.text import SourceText
 
 UTF8, UTF16, UTF32 = "utf-8", "utf-16", "utf-32"

@@ -24,9 +24,8 @@ from pygls.uris import from_fs_path, to_fs_path
 
 from bnfix import __version__
 from bnfix.checks import ENGINE_CODES
-from bnfix.engine import Diagnostic, FileResult
 from bnfix.files import PYTHON_SUFFIXES
-from bnfix.ir import Applicability, Edit, Pos, Span
+from bnfix.findings import Applicability, Diagnostic, Edit, FileResult, Pos, Span
 from bnfix.lsp.actions import fix_edits, noqa_edit
 from bnfix.lsp.analysis import Document, Outcome, analyse
 from bnfix.lsp.positions import UTF16, Point, Positions

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bnfix.project.modules import ModuleMap
+from bnfix.project.store import SummaryStore, outline
 from bnfix.project.summary import (
     MODULE_SCOPE,
     UNKNOWN,
@@ -20,8 +21,6 @@ from bnfix.project.summary import (
     Loc,
     ModuleSummary,
     Ref,
-    SummaryStore,
-    outline,
 )
 
 MAX_DEPTH = 8  # re-exports / bases followed

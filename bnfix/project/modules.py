@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bnfix.source.imports import ModuleContext
+
 INIT = "__init__.py"
 
 
@@ -168,3 +170,28 @@ def _dotted_from(path: str, root: str) -> str | None:
     if not parts or not all(p.isidentifier() for p in parts):
         return None
     return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class ModuleRef:
+    """How a file sits in the project (sent to workers instead of the module map)."""
+
+    module_id: str
+    import_name: str
+    package: bool
+
+    def context(self, first_party: frozenset[str]) -> ModuleContext:
+        return ModuleContext(self.import_name, self.package, first_party)
+
+
+def project_root(paths: list[Path], configured: Path | None) -> Path:
+    """The folder whose Python files form the project: the configuration's root, else the
+    git work tree holding the paths, else their common folder."""
+    if configured is not None:
+        return configured
+    absolute = [Path(os.path.abspath(p)) for p in paths] or [Path.cwd()]
+    common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in absolute]))
+    for folder in (common, *common.parents):
+        if (folder / ".git").exists():
+            return folder
+    return common

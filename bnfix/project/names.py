@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from bnfix.project.graph import reaching
 from bnfix.project.index import ProjectIndex
-from bnfix.project.session import reaching
 from bnfix.project.summary import MODULE_SCOPE
 
 

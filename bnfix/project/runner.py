@@ -19,17 +19,12 @@ import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bnfix.cache import Cache, Entry
-from bnfix.engine import Diagnostic, Engine, FileResult
-from bnfix.ir import Applicability
-from bnfix.project.index import ProjectIndex
-from bnfix.project.modules import ModuleMap
-from bnfix.project.session import (
-    EXPANSION_ROUNDS,
-    ModuleRef,
-    Summarised,
-    Worker,
+from bnfix.engine import Engine
+from bnfix.findings import Applicability, Diagnostic, FileResult
+from bnfix.project.graph import (
     dependency_cone,
     digest_of,
     module_edges,
@@ -37,19 +32,26 @@ from bnfix.project.session import (
     reaching,
     reverse,
 )
-from bnfix.project import names as name_search
-from bnfix.project.summary import SummaryStore, outline, outline_digest, summary_text
-from bnfix.project.view import file_context
+from bnfix.project.modules import ModuleMap, ModuleRef
+from bnfix.project.store import SummaryStore, outline, outline_digest, summary_text
 from bnfix.project.workers import InProcess, Processes
 from bnfix.rulebook import load_rulebook
 from bnfix.source.reader import Skipped, SourceError, decode, read_source
 
+if TYPE_CHECKING:  # the analysis (the index, lifting, the view) is imported only when needed
+    from bnfix.project import names as name_search
+    from bnfix.project.index import ProjectIndex
+    from bnfix.project.session import Summarised, Worker
+
+EXPANSION_ROUNDS = 3  # rounds of summarising files that name first-party BN builders
 PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
 
 
 def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], all_syntax: bool,
                 explicit: bool, max_bytes: int, pin_root: str | None = None,
                 overlay: dict[str, str] | None = None) -> Worker:
+    from bnfix.project.session import Worker
+
     engine = Engine(load_rulebook(), enabled, targets, all_syntax)
     engine.target_explicit = explicit
     engine.pin_root = pin_root
@@ -98,6 +100,7 @@ class ProjectRunner:
         self._modules: ModuleMap | None = None
         # each summarised module's outline digest (marks and BN APIs, see outline_digest)
         self._outlines: dict[str, str] = {}
+        self._index: ProjectIndex | None = None  # of the checking step, built on first need
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -159,10 +162,10 @@ class ProjectRunner:
         gc.disable()
         try:
             self._summaries(plans)
-            index = ProjectIndex(self.store, modules)
-            yield from self._check(plans, index, scope_digest)
-            self.notes.extend(f"project analysis gave up: {why}"
-                              for why in dict.fromkeys(index.gave_up))
+            yield from self._check(plans, scope_digest)
+            if self._index is not None:
+                self.notes.extend(f"project analysis gave up: {why}"
+                                  for why in dict.fromkeys(self._index.gave_up))
             self.notes.extend(f"two files are module `{name}` ({', '.join(paths)}): imports of it "
                               "are resolved from each importer's own folder first"
                               for name, paths in modules.conflicts())
@@ -195,6 +198,8 @@ class ProjectRunner:
         by_path = {p.absolute: p for p in plans}
         project = digest_of(self.store.digests, set(self.store.digests))
         for _ in range(EXPANSION_ROUNDS):
+            if all(p.summarised or p.absolute in self._mentioned for p in plans):
+                break  # no file left that a name could add
             names = self._names(project, plans)
             if not names:
                 break
@@ -227,7 +232,9 @@ class ProjectRunner:
         (`resnet` and `inference`): the rules would read it, so BN900 is worth reporting."""
         if self._pairs is None:
             assert self._modules is not None
-            self._pairs = name_search.interesting_pairs(ProjectIndex(self.store, self._modules))
+            from bnfix.project import names as name_search
+
+            self._pairs = name_search.interesting_pairs(self._new_index())
         text = self.overlay.get(path)
         if text is None:
             try:
@@ -244,8 +251,9 @@ class ProjectRunner:
         meta = self.cache.meta if self.cache is not None else {}
         if meta.get("names_for") == project and "names" in meta:
             return tuple(n for n in meta["names"].split() if n)
-        assert self._modules is not None
-        index = ProjectIndex(self.store, self._modules)
+        from bnfix.project import names as name_search
+
+        index = self._new_index()
         known = self._parts
         if known is None and meta.get("names_scope") == self._scope:
             known = name_search.from_text(meta.get("name_parts", ""))
@@ -263,6 +271,20 @@ class ProjectRunner:
                                    names_scope=self._scope,
                                    name_parts=name_search.to_text(parts))
         return names
+
+    def _new_index(self) -> ProjectIndex:
+        """An index of the summaries in the store now (imported here: a run whose findings
+        all come from the cache never builds one)."""
+        from bnfix.project.index import ProjectIndex
+
+        assert self._modules is not None
+        return ProjectIndex(self.store, self._modules)
+
+    def _check_index(self) -> ProjectIndex:
+        """The index of the checking step (the store is complete then)."""
+        if self._index is None:
+            self._index = self._new_index()
+        return self._index
 
     def _known_edges(self, plans: list[Plan], index: ProjectIndex) -> dict[str, list[str]] | None:
         """Each summarised module's direct dependencies as the cache has them (computed for
@@ -317,7 +339,8 @@ class ProjectRunner:
 
     # -- step 4 --------------------------------------------------------------------------------
 
-    def _edges(self, plans: list[Plan], index: ProjectIndex, scope: str) -> dict[str, list[str]]:
+    def _edges(self, plans: list[Plan], scope: str) -> tuple[dict[str, list[str]],
+                                                             dict[str, frozenset[tuple[str, str]]]]:
         """Each summarised module's direct dependencies (and the functions its calls resolve
         to, which the index's `callers` reads), exact for the summaries of this run:
         from the cache while the project's files are the same, computed for the modules
@@ -342,23 +365,21 @@ class ProjectRunner:
             module = plan.ref.module_id
             links = cached.get(module) if module not in stale else None
             if links is None:
-                links = module_links(index, module)
+                links = module_links(self._check_index(), module)
                 if self.cache is not None and plan.entry is not None:
                     plan.entry.edges, plan.entry.callees = links
                     self.cache.put(plan.absolute, plan.entry)
             forward[module] = links[0]
             callees[module] = frozenset((m, q) for m, q in links[1])
-        index.callees = callees
-        return forward
+        return forward, callees
 
-    def _check(self, plans: list[Plan], index: ProjectIndex, scope: str) -> Iterator[FileResult]:
+    def _check(self, plans: list[Plan], scope: str) -> Iterator[FileResult]:
         """Step 4: findings of the files asked about."""
-        forward = self._edges(plans, index, scope)
+        forward, callees = self._edges(plans, scope)
         backward = reverse(forward)
-        callers = reverse({module: sorted({m for m, _ in index.callees.get(module, ())})
-                           for module in forward} if index.callees is not None else forward)
+        callers = reverse({module: sorted({m for m, _ in callees.get(module, ())})
+                           for module in forward})
         everywhere = self._project_facts()
-        index.dependents = backward
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
             if plan.done is not None and plan.done.note:
@@ -381,7 +402,7 @@ class ProjectRunner:
             # whose module's digest leaves it out (a silent function) is a change
             consulted = digest_of(self.store.digests, dependency_cone(
                 forward, backward, callers, plan.ref.module_id),
-                everywhere + _callees_text(index, plan.ref.module_id)) \
+                everywhere + _callees_text(callees, plan.ref.module_id)) \
                 if plan.summarised else ""
             cached = self._cached(plan, consulted)
             if cached is not None:
@@ -401,6 +422,10 @@ class ProjectRunner:
         def jobs() -> Iterator[tuple[int, tuple[object, ...]]]:
             """Each file's job, its project context computed here when a worker is about to
             need it (the workers check the files before while this process builds it)."""
+            from bnfix.project.view import file_context
+
+            index = self._check_index()
+            index.callees, index.dependents = callees, backward
             for plan, _ in waiting.values():
                 known = file_context(index, plan.ref.module_id, self._registers) \
                     if plan.summarised else None
@@ -490,9 +515,9 @@ def _failed(plan: Plan) -> bool:
                                       or plan.done.internal is not None)
 
 
-def _callees_text(index: ProjectIndex, module: str) -> str:
+def _callees_text(callees: dict[str, frozenset[tuple[str, str]]], module: str) -> str:
     """The functions `module`'s calls resolve to, as one line for its findings' key."""
-    found = index.callees.get(module, frozenset()) if index.callees is not None else ()
+    found = callees.get(module, frozenset())
     return ";" + ",".join(f"{m}:{q}" for m, q in sorted(found))
 
 

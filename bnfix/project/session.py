@@ -24,23 +24,20 @@ import re
 import sys
 import tokenize
 import traceback
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bnfix.engine import Engine, FileResult, Lifted
-from bnfix.project.index import ProjectIndex
+from bnfix.engine import Engine, Lifted
+from bnfix.findings import FileResult
+from bnfix.project.modules import ModuleRef
 from bnfix.project.summary import ModuleSummary
 from bnfix.project.view import FileContext, ProjectView
 from bnfix.source.imports import ModuleContext
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
 
-EXPANSION_ROUNDS = 3
 # A module nested deeper than Python's recursion limit allows the analysis (an `elif` chain
 # of thousands of branches, an expression nested hundreds deep): one BN900, the run goes on.
 TOO_DEEP = SourceError("BN900", "cannot analyse: nested too deeply for bnfix (Python's recursion "
                                 "limit); simplify the nesting or exclude the file")
-CALLER_LEVELS = 4  # the view attaches callers and their callers (view.CALLER_DEPTH + 1)
 
 
 @dataclass
@@ -78,18 +75,6 @@ class Summarised:
     internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
     stat: tuple[int, int] | None = None  # (mtime_ns, size) taken before the file was read
     reused: bool = False  # the content had the cached digest: the cached summary stands
-
-
-@dataclass(frozen=True)
-class ModuleRef:
-    """How a file sits in the project (sent to workers instead of the module map)."""
-
-    module_id: str
-    import_name: str
-    package: bool
-
-    def context(self, first_party: frozenset[str]) -> ModuleContext:
-        return ModuleContext(self.import_name, self.package, first_party)
 
 
 @dataclass
@@ -245,90 +230,4 @@ def encode_source(text: str) -> bytes:
 _WORD = re.compile(r"\w+")  # a name is a whole word, as `\bname\b` matches it
 
 
-def module_edges(index: ProjectIndex, module: str) -> list[str]:
-    """The modules `module` depends on directly: those its imports, calls and bases name."""
-    return module_links(index, module)[0]
-
-
-def module_links(index: ProjectIndex, module: str) -> tuple[list[str], list[list[str]]]:
-    """`module_edges`, and the functions (module, qualname) the module's calls resolve to."""
-    summary = index.summaries.get(module)
-    if summary is None:
-        return [], []
-    targets: set[str] = set()
-    for dotted in [*summary.imports.values(), *summary.star_imports]:
-        found = index.modules.resolve(dotted, summary.path)
-        if found is not None:
-            targets.add(found[0].name)
-    callees: set[tuple[str, str]] = set()
-    for function in summary.functions.values():
-        for call in function.calls:
-            callees.update(t.key for t in index.targets(module, call.target))
-    targets.update(m for m, _ in callees)
-    targets.discard(module)
-    return sorted(targets), [list(key) for key in sorted(callees)]
-
-
-def dependency_cone(forward: dict[str, list[str]], importers: dict[str, set[str]],
-                    callers: dict[str, set[str]], module: str) -> set[str]:
-    """The modules whose summaries can change what this module's check finds: those it
-    reaches (imports and calls, transitively), those that import it (whether anything does),
-    and those whose calls resolve into it (callers of callers, CALLER_LEVELS deep: what the
-    view attaches). A module that only imports one that imports this one is not in it."""
-    cone = {module}
-    for graph, depth in ((forward, None), (callers, CALLER_LEVELS)):
-        frontier = {module}
-        level = 0
-        while frontier and (depth is None or level < depth):
-            frontier = {n for m in frontier for n in graph.get(m, ())} - cone
-            cone |= frontier
-            level += 1
-    return cone | importers.get(module, set())
-
-
-def reaching(modules: set[str], forward: Mapping[str, Iterable[str]]) -> set[str]:
-    """`modules` and every module that reaches one of them over `forward`."""
-    backward: dict[str, set[str]] = {}
-    for module, targets in forward.items():
-        for target in targets:
-            backward.setdefault(target, set()).add(module)
-    out, frontier = set(modules), list(modules)
-    while frontier:
-        for user in backward.get(frontier.pop(), ()):
-            if user not in out:
-                out.add(user)
-                frontier.append(user)
-    return out
-
-
-def reverse(forward: dict[str, list[str]]) -> dict[str, set[str]]:
-    backward: dict[str, set[str]] = {}
-    for name, targets in forward.items():
-        for target in targets:
-            backward.setdefault(target, set()).add(name)
-    return backward
-
-
-def project_root(paths: list[Path], configured: Path | None) -> Path:
-    """The folder whose Python files form the project: the configuration's root, else the
-    git work tree holding the paths, else their common folder."""
-    if configured is not None:
-        return configured
-    absolute = [Path(os.path.abspath(p)) for p in paths] or [Path.cwd()]
-    common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in absolute]))
-    for folder in (common, *common.parents):
-        if (folder / ".git").exists():
-            return folder
-    return common
-
-
-def digest_of(digests: dict[str, str], modules: set[str], extra: str = "") -> str:
-    """One digest of the summaries of `modules` (what a file's findings were checked against),
-    and of `extra` (what it read of every module)."""
-    h = hashlib.sha256(extra.encode())
-    for name in sorted(modules):
-        h.update(f"{name}={digests.get(name, '-')};".encode())
-    return h.hexdigest()[:24]
-
-
-__all__ = ["FileProject", "Summarised", "Worker", "dependency_cone", "project_root"]
+__all__ = ["FileProject", "Summarised", "Worker"]

@@ -6,7 +6,8 @@ import ast
 import functools
 from typing import TYPE_CHECKING
 
-from bnfix.ir import BNSite, Const, FromParam, FunctionInfo, ModuleIR, Span, Unknown, Value
+from bnfix.findings import Span
+from bnfix.ir import BNSite, Const, FromParam, FunctionInfo, ModuleIR, Unknown, Value
 from bnfix.project.summary import (
     MODULE_SCOPE,
     BNBuild,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from bnfix.findings import Pos, Span, shown_path
 from bnfix.ir import (
     BNSite,
     CallInfo,
@@ -31,11 +32,8 @@ from bnfix.ir import (
     ModuleIR,
     Origin,
     Param,
-    Pos,
-    Span,
     Unknown,
     Value,
-    shown_path,
 )
 from bnfix.project.index import ProjectIndex, Reach
 from bnfix.project.summarize import Summarizer

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bnfix.checks import ENGINE_CODES
-from bnfix.engine import Diagnostic
+from bnfix.findings import Diagnostic
 from bnfix.fixes import NotWritten, Writer, digest
 from bnfix.source.reader import Skipped, SourceError, decode, read_source
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections import Counter
@@ -10,8 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bnfix import __version__
-from bnfix.engine import Diagnostic, FileResult
-from bnfix.ir import Applicability, Edit, Pos, shown_path
+from bnfix.findings import Applicability, Diagnostic, Edit, FileResult, Pos, shown_path
 from bnfix.rulebook import RuleBook
 
 FORMATS = ("full", "concise", "json", "github", "sarif")
@@ -275,6 +273,8 @@ def fixes_listing(results: Sequence[FileResult], book: RuleBook) -> str:
 
 
 def unified_diff(result: FileResult) -> str:
+    import difflib
+
     assert result.original is not None and result.new_text is not None
     relative = not os.path.isabs(result.path)
     diff = difflib.unified_diff(

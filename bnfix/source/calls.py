@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from bnfix.ir import CallInfo, Pos, Span
+from bnfix.findings import Pos, Span
+from bnfix.ir import CallInfo
 from bnfix.source.text import SourceText
 
 

@@ -11,6 +11,7 @@ import operator
 import re
 from collections import defaultdict
 
+from bnfix.findings import Span
 from bnfix.ir import (
     Arg,
     AttributeSet,
@@ -31,7 +32,6 @@ from bnfix.ir import (
     Marker,
     ModuleIR,
     Param,
-    Span,
     Statement,
     TowerLoop,
     TrainOp,

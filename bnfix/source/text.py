@@ -9,7 +9,7 @@ import re
 import tokenize
 from functools import cached_property
 
-from bnfix.ir import Pos, Span
+from bnfix.findings import Pos, Span
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 _WIDE = re.compile(r"[^\x00-\x7f]")

@@ -15,7 +15,7 @@ import itertools
 import re
 from dataclasses import dataclass, field, replace
 
-from bnfix.ir import (
+from bnfix.findings import (
     Applicability,
     DeleteRows,
     Edit,

@@ -1,0 +1,208 @@
+"""What every command reports: positions, edits, fixes, findings, and a finding bound to a
+file (a diagnostic) with its plain-data form for the cache.
+
+Kept apart from the lifted module's records (`ir.py`) so that a run whose findings all come
+from the cache never imports the analysis: these few records are all it builds."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+
+class Pos(NamedTuple):
+    """A position in a text: 1-based row, 0-based column counted in characters. (Tuples: made
+    by the hundred thousand, compared and sorted constantly.)"""
+
+    row: int
+    col: int
+
+
+class Span(NamedTuple):
+    start: Pos
+    end: Pos
+
+    @staticmethod
+    def at(pos: Pos) -> Span:
+        return Span(pos, pos)
+
+
+class Applicability(str, Enum):
+    """How sure a fix is (ruff's terms): safe fixes keep the code's intent, unsafe ones may
+    change behaviour on purpose (that is the bug fix), display-only ones are advice."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+    DISPLAY_ONLY = "display-only"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text in `span` with `content` (an insertion when the span is empty)."""
+
+    span: Span
+    content: str
+
+
+@dataclass(frozen=True)
+class WrapStatements:
+    """Wrap whole source rows `first_row..last_row` in a block opened by `header`.
+
+    A structural edit: the writer lowers it to text, re-indenting the rows (never the inside
+    of a multi-line string) with the file's own indentation unit."""
+
+    first_row: int
+    last_row: int
+    header: str
+
+
+@dataclass(frozen=True)
+class InsertRows:
+    """Insert whole rows before row `at_row` (one past the last row appends), each indented by
+    `indent` plus `level` steps of the file's indentation unit."""
+
+    at_row: int
+    indent: str
+    lines: tuple[tuple[int, str], ...]  # (level, text)
+
+
+@dataclass(frozen=True)
+class DeleteRows:
+    """Delete rows `first_row..last_row` entirely, line endings included."""
+
+    first_row: int
+    last_row: int
+
+
+@dataclass(frozen=True)
+class TryFinally:
+    """Run `before` rows, then rows `first_row..last_row` inside `try:`, with `finally` rows
+    in a `finally:` clause (all at the indentation of `first_row`)."""
+
+    first_row: int
+    last_row: int
+    before: tuple[str, ...]
+    finally_: tuple[str, ...]
+
+
+EditOp = Edit | WrapStatements | InsertRows | DeleteRows | TryFinally
+
+
+@dataclass(frozen=True)
+class Fix:
+    applicability: Applicability
+    message: str
+    edits: tuple[EditOp, ...] = ()
+
+
+@dataclass(frozen=True)
+class Related:
+    """Another place a finding depends on (`path` None: the finding's own file)."""
+
+    path: str | None
+    span: Span
+    message: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    span: Span
+    message: str
+    fix: Fix | None = None
+    related: tuple[Related, ...] = ()
+
+
+def shown_path(path: str) -> str:
+    """A path as messages show it: relative to the working folder when it is below it."""
+    if not os.path.isabs(path):
+        return path
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics: findings bound to a file
+
+
+@dataclass(frozen=True)
+class RelatedLocation:
+    path: str
+    span: Span
+    message: str
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A finding bound to a file, with its fix lowered to text edits."""
+
+    path: str
+    code: str
+    name: str
+    span: Span
+    message: str
+    fix: Fix | None
+    url: str
+    snippet: tuple[tuple[int, str], ...] = ()  # (row, text) around the span, for display
+    related: tuple[RelatedLocation, ...] = ()
+    # per snippet row, how far it was shifted when cut to a window around the span (a long
+    # row): the column shown first, less one for the `…` that marks the cut; () when none was
+    snippet_shift: tuple[int, ...] = ()
+
+    @property
+    def fixable(self) -> bool:
+        return self.fix is not None and bool(self.fix.edits) and \
+            self.fix.applicability is not Applicability.DISPLAY_ONLY
+
+
+@dataclass
+class FileResult:
+    path: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)  # what remains
+    fixed: list[Diagnostic] = field(default_factory=list)  # what the fixes removed
+    original: str | None = None  # the text as read, when fixes changed it
+    new_text: str | None = None  # the fixed text (not yet written)
+    encoding: str = "utf-8"
+    notes: list[str] = field(default_factory=list)  # fixes dropped, and why
+    digest: str | None = None  # of the bytes read
+    unchanged: bool = False  # the content matched the cached digest: not analysed again
+    ignored: frozenset[str] = frozenset()  # the per-file ignores it was checked with
+    internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
+
+    @property
+    def changed(self) -> bool:
+        return self.new_text is not None and self.new_text != self.original
+
+
+
+def diagnostic_to_dict(d: Diagnostic) -> dict:
+    """A diagnostic as plain data (for the cache)."""
+    fix = None
+    if d.fix is not None:
+        fix = {"a": d.fix.applicability.value, "m": d.fix.message,
+               "e": [[*_span(e.span), e.content] for e in d.fix.edits if isinstance(e, Edit)]}
+    return {"c": d.code, "n": d.name, "s": _span(d.span), "m": d.message, "f": fix, "u": d.url,
+            "x": [list(row) for row in d.snippet], "o": list(d.snippet_shift),
+            "r": [[r.path, *_span(r.span), r.message] for r in d.related]}
+
+
+def diagnostic_from_dict(data: dict, path: str) -> Diagnostic:
+    fix = None
+    if data["f"] is not None:
+        f = data["f"]
+        edits = tuple(Edit(_unspan(e[:4]), e[4]) for e in f["e"])
+        fix = Fix(Applicability(f["a"]), f["m"], edits)
+    return Diagnostic(path, data["c"], data["n"], _unspan(data["s"]), data["m"], fix, data["u"],
+                      tuple((row, text) for row, text in data["x"]),
+                      tuple(RelatedLocation(r[0], _unspan(r[1:5]), r[5]) for r in data["r"]),
+                      tuple(int(shift) for shift in data.get("o", ())))
+
+
+def _span(span: Span) -> list[int]:
+    return [span.start.row, span.start.col, span.end.row, span.end.col]
+
+
+def _unspan(values: list[int]) -> Span:
+    return Span(Pos(values[0], values[1]), Pos(values[2], values[3]))
