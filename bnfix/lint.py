@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from bnfix.cache import Cache, cache_folder, cache_key, rules_digest
+from bnfix.cache import Cache, cache_folder, cache_key
 from bnfix.config import ConfigError, Settings, check_selectors, load_settings
 from bnfix.engine import Engine
 from bnfix.files import Candidate, discover
@@ -24,7 +24,14 @@ from bnfix.project.modules import project_root
 from bnfix.project.pins import tensorflow_pin
 from bnfix.project.runner import ProjectRunner
 from bnfix.report import formats
-from bnfix.rulebook import COMMANDS, RuleBook, RuleBookError, load_rulebook, rules_root
+from bnfix.rulebook import (
+    COMMANDS,
+    RuleBook,
+    RuleBookError,
+    load_rulebook,
+    rules_digest,
+    rules_root,
+)
 
 
 @dataclass

@@ -9,7 +9,6 @@ so supporting a new BN API is an edit of data, not of code.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import json
 import sys
@@ -324,6 +323,18 @@ def rules_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def rule_files(root: Path) -> list[Path]:
+    """The rule book's files: one per rule, then the catalogue's."""
+    return [*sorted(root.glob("BN*.toml")), *sorted((root / "catalogue").glob("*.toml"))]
+
+
+def rules_digest(root: Path) -> str:
+    """A digest of the rule book's files: editing a rule or the catalogue empties the cache."""
+    from bnfix.cache import files_digest
+
+    return files_digest(rule_files(root), root)
+
+
 def toml_module() -> ModuleType:
     """tomllib (tomli before Python 3.11), imported on first need: a run whose rule book comes
     from the cache folder and that has no configuration file parses no TOML."""
@@ -583,20 +594,15 @@ PARSED_PREFIX = "rulebook-"  # the parsed rule book in a cache folder: rulebook-
 
 
 def _parsed(root: Path, folder: Path) -> dict[Path, dict[str, Any]]:
-    """The rule files' data, from `folder` when it holds the parse of these very files (by a
-    digest of their names and bytes), else parsed and written there (parsing the TOML was a
+    """The rule files' data, from `folder` when it holds the parse of these very files (by
+    their digest, see `files_digest`), else parsed and written there (parsing the TOML was a
     fifth of bnfix's start-up; reading the JSON back costs a tenth of it)."""
-    paths = [*sorted(root.glob("BN*.toml")), *sorted((root / "catalogue").glob("*.toml"))]
-    try:
-        texts = {path: path.read_bytes() for path in paths}
-    except OSError:
-        return {}  # the load reports the unreadable file
-    h = hashlib.sha256()
-    for path, text in texts.items():
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + text + b"\0")
-    names = {path.relative_to(root).as_posix(): path for path in paths}
-    target = folder / f"{PARSED_PREFIX}{h.hexdigest()[:24]}.parsed"
+    from bnfix.cache import files_digest
     from bnfix.source.reader import Skipped, SourceError, read_source
+
+    paths = rule_files(root)
+    names = {path.relative_to(root).as_posix(): path for path in paths}
+    target = folder / f"{PARSED_PREFIX}{files_digest(paths, root)[:24]}.parsed"
 
     try:  # a FIFO or a huge file planted there is refused without blocking
         data = json.loads(read_source(target, 16 << 20).decode("utf-8"))
@@ -605,6 +611,10 @@ def _parsed(root: Path, folder: Path) -> dict[Path, dict[str, Any]]:
             return {names[name]: value for name, value in data.items()}
     except (SourceError, Skipped, ValueError, RecursionError):
         pass  # absent, or not what this bnfix wrote: parse the files
+    try:
+        texts = {path: path.read_bytes() for path in paths}
+    except OSError:
+        return {}  # the load reports the unreadable file
     parsed = {path: _parse(path, text) for path, text in texts.items()}
     _write_parsed(folder, target, {name: parsed[path] for name, path in names.items()})
     return parsed

@@ -284,3 +284,46 @@ def test_a_mark_added_in_a_file_nothing_imports_changes_the_cached_findings(tree
                                               "    model.load_state_dict(torch.load('w.pt'))\n"
                                               "    return model"))
     assert fixes() == fixes(cache=False) == [("BN104", "display-only")]
+
+
+def test_files_digest_follows_name_size_and_time_and_content_while_racy(tmp_path) -> None:
+    """bnfix's code and rule files are digested by name, size and mtime (no read at start-up);
+    a file modified within the racy window is digested by content too, so an edit that keeps
+    both size and time still changes the digest."""
+    from bnfix.cache import RACY_NS, files_digest
+
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    old = time.time_ns() - 10 * RACY_NS
+    for path in (a, b):
+        os.utime(path, ns=(old, old))
+
+    def now() -> str:
+        return files_digest([a, b], tmp_path)
+
+    base = now()
+    assert now() == base
+    a.write_text("x = 3\n")  # same size, then the same time again: not seen once aged
+    os.utime(a, ns=(old, old))
+    assert now() == base
+    os.utime(a, ns=(old + 1, old + 1))
+    assert now() != base
+    os.utime(a, ns=(old, old))
+    a.write_text("x = 12\n")  # another size
+    os.utime(a, ns=(old, old))
+    assert now() != base
+    a.write_text("x = 1\n")
+    os.utime(a, ns=(old, old))
+    assert now() == base
+    # racy: modified just now, the content decides between two same-size, same-time edits
+    fresh = time.time_ns()
+    a.write_text("x = 4\n")
+    os.utime(a, ns=(fresh, fresh))
+    first = now()
+    a.write_text("x = 5\n")
+    os.utime(a, ns=(fresh, fresh))
+    assert now() != first
+    assert files_digest([a], tmp_path) != files_digest([b], tmp_path)  # the name counts
+    b.unlink()
+    assert now() != base  # a file gone counts, without an error

@@ -130,7 +130,8 @@ def test_the_parsed_rule_book_is_kept_in_the_cache_folder_and_checked_at_every_l
     rule.write_text(rule.read_text().replace("\nfixx = ", "\nfix = ", 1))
     parses.clear()
     assert same(load_rulebook(root, cache), first)
-    assert len(parses) == len(list(root.rglob("*.toml")))  # the other rule book's was removed
+    assert len(parses) == len(list(root.rglob("*.toml")))
+    (parsed,) = cache.glob("rulebook-*.parsed")  # the other rule book's was removed
     parsed.write_text('{"BN001.toml": {"code": "BN999"}}')  # not the files' parse
     parses.clear()
     assert same(load_rulebook(root, cache), first) and parses
