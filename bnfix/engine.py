@@ -11,22 +11,14 @@ from typing import TYPE_CHECKING
 
 from bnfix.checks import ENGINE_CODES, Check, registry
 from bnfix.config import CURRENT_TENSORFLOW
-from bnfix.findings import (
-    Applicability,
-    Diagnostic,
-    FileResult,
-    Finding,
-    Pos,
-    RelatedLocation,
-    Span,
-)
+from bnfix.findings import Applicability, Diagnostic, FileResult, Pos, RelatedLocation, Span
 from bnfix.rulebook import ApiSpec, RuleBook
 from bnfix.source.reader import SourceError, decode, parse
 from bnfix.source.text import SourceText
 from bnfix.source.writer import apply_fixes, buildable, final_check, lower
 
 if TYPE_CHECKING:
-    from bnfix.ir import ModuleIR
+    from bnfix.ir import Finding, ModuleIR
     from bnfix.project.session import FileProject
     from bnfix.project.summary import ModuleSummary
     from bnfix.source.imports import ModuleContext

@@ -1,8 +1,9 @@
-"""What every command reports: positions, edits, fixes, findings, and a finding bound to a
-file (a diagnostic) with its plain-data form for the cache.
+"""What every command reports: positions, edits, fixes, and a finding bound to a file (a
+diagnostic) with its plain-data form for the cache.
 
-Kept apart from the lifted module's records (`ir.py`) so that a run whose findings all come
-from the cache never imports the analysis: these few records are all it builds."""
+Kept apart from the lifted module's records and the rules' findings (`ir.py`) so that a run
+whose findings all come from the cache never imports the analysis: these few records are all
+it builds."""
 
 from __future__ import annotations
 
@@ -95,24 +96,6 @@ class Fix:
     applicability: Applicability
     message: str
     edits: tuple[EditOp, ...] = ()
-
-
-@dataclass(frozen=True)
-class Related:
-    """Another place a finding depends on (`path` None: the finding's own file)."""
-
-    path: str | None
-    span: Span
-    message: str
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    span: Span
-    message: str
-    fix: Fix | None = None
-    related: tuple[Related, ...] = ()
 
 
 def shown_path(path: str) -> str:

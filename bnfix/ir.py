@@ -1,5 +1,5 @@
-"""The intermediate representation: BN sites and their context (the findings and fixes rules
-make of them are in `findings.py`).
+"""The intermediate representation: BN sites and their context, and the findings rules make of
+them (their fixes and positions are in `findings.py`, shared with the cache and the reports).
 
 Front-ends (Python source today; modules, graphs and artifacts later) lift their input into
 these records; rules read only these records; writers lower the edits back. Nothing here
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bnfix.findings import Pos, Span, shown_path
+from bnfix.findings import Fix, Pos, Span, shown_path
 
 if TYPE_CHECKING:
     from bnfix.rulebook import ApiRef
@@ -743,3 +743,25 @@ class ModuleIR:
             n += 1
             name = f"{preferred}_{n}"
         return name
+
+
+# ---------------------------------------------------------------------------------------------
+# What rules return
+
+
+@dataclass(frozen=True)
+class Related:
+    """Another place a finding depends on (`path` None: the finding's own file)."""
+
+    path: str | None
+    span: Span
+    message: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    span: Span
+    message: str
+    fix: Fix | None = None
+    related: tuple[Related, ...] = ()

@@ -7,8 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the lifted module's records are imported when a file is lifted, not before
-    from bnfix.findings import Finding
-    from bnfix.ir import ModuleIR
+    from bnfix.ir import Finding, ModuleIR
 
 Check = Callable[["ModuleIR"], Iterable["Finding"]]
 

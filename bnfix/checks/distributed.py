@@ -10,18 +10,18 @@ from collections.abc import Callable, Iterator
 
 from bnfix.checks import check
 from bnfix.checks.tensorflow import training_mode
-from bnfix.findings import (
-    Applicability,
-    Edit,
-    EditOp,
+from bnfix.findings import Applicability, Edit, EditOp, Fix, InsertRows, Span, WrapStatements
+from bnfix.ir import (
+    BNSite,
+    DeviceScope,
     Finding,
-    Fix,
-    InsertRows,
+    FunctionInfo,
+    ModelStep,
+    ModuleIR,
     Related,
-    Span,
-    WrapStatements,
+    TowerLoop,
+    is_const,
 )
-from bnfix.ir import BNSite, DeviceScope, FunctionInfo, ModelStep, ModuleIR, TowerLoop, is_const
 
 UNSAFE = Applicability.UNSAFE
 DISPLAY = Applicability.DISPLAY_ONLY

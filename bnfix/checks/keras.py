@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from bnfix.checks import check
-from bnfix.findings import Applicability, Edit, Finding, Fix, Related, Span
-from bnfix.ir import BNSite, Const, ModuleIR, bindings, is_const
+from bnfix.findings import Applicability, Edit, Fix, Span
+from bnfix.ir import BNSite, Const, Finding, ModuleIR, Related, bindings, is_const
 
 KERAS3_TENSORFLOW = (2, 16)  # tf.keras is Keras 3 from TensorFlow 2.16 on
 

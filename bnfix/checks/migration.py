@@ -7,8 +7,19 @@ from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.tensorflow import hard_wired
-from bnfix.findings import Applicability, Edit, Finding, Fix, Pos, Related, Span
-from bnfix.ir import Arg, BNSite, Const, ModuleIR, Unknown, Value, bindings, is_string
+from bnfix.findings import Applicability, Edit, Fix, Pos, Span
+from bnfix.ir import (
+    Arg,
+    BNSite,
+    Const,
+    Finding,
+    ModuleIR,
+    Related,
+    Unknown,
+    Value,
+    bindings,
+    is_string,
+)
 from bnfix.rulebook import Migration
 
 UNSAFE = Applicability.UNSAFE

@@ -8,18 +8,7 @@ from dataclasses import dataclass
 
 from bnfix.checks import check
 from bnfix.checks.names import is_evaluation
-from bnfix.findings import (
-    Applicability,
-    Edit,
-    EditOp,
-    Finding,
-    Fix,
-    Pos,
-    Related,
-    Span,
-    WrapStatements,
-    shown_path,
-)
+from bnfix.findings import Applicability, Edit, EditOp, Fix, Pos, Span, WrapStatements, shown_path
 from bnfix.ir import (
     Arg,
     Binding,
@@ -28,10 +17,12 @@ from bnfix.ir import (
     CallSite,
     CollectionGet,
     Const,
+    Finding,
     FromParam,
     FunctionInfo,
     GradientSum,
     ModuleIR,
+    Related,
     TowerLoop,
     TrainOp,
     Value,

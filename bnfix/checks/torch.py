@@ -14,16 +14,15 @@ from bnfix.findings import (
     Applicability,
     DeleteRows,
     Edit,
-    Finding,
     Fix,
     InsertRows,
-    Related,
     Span,
     TryFinally,
     shown_path,
 )
 from bnfix.ir import (
     CallSite,
+    Finding,
     FreezeCall,
     FunctionInfo,
     ModeCall,
@@ -31,6 +30,7 @@ from bnfix.ir import (
     ModelStep,
     ModuleIR,
     ParamFreeze,
+    Related,
     is_const,
 )
 
