@@ -90,6 +90,8 @@ def code_digest() -> str:
 
 @dataclass
 class Findings:
+    """A file's cached findings and the digest of the summaries they consulted."""
+
     ignored: tuple[str, ...]
     consulted: str  # digest of the summaries of its dependency cone
     diagnostics: list[dict[str, Any]]
@@ -97,6 +99,8 @@ class Findings:
 
 @dataclass
 class Entry:
+    """What the cache knows of one file: how to tell it is unchanged, its summary, its findings."""
+
     mtime_ns: int
     size: int
     digest: str

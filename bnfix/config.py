@@ -38,6 +38,8 @@ class ConfigError(Exception):
 
 @dataclass
 class Settings:
+    """The configuration that applies (`[tool.bnfix]`, `bnfix.toml` or the defaults)."""
+
     root: Path
     source: Path | None = None  # the configuration file it came from
     select: list[str] | None = None

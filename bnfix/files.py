@@ -30,6 +30,8 @@ _WILDCARD = re.compile(r"[*?\[]")
 
 @dataclass(frozen=True)
 class Candidate:
+    """A file the walk found, and how it was found."""
+
     path: Path
     explicit: bool  # named on the command line (checked even when excluded, unless forced)
     link: bool = False  # met in a walk as a symbolic link (its target may lie anywhere)

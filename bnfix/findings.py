@@ -93,6 +93,8 @@ EditOp = Edit | WrapStatements | InsertRows | DeleteRows | TryFinally
 
 @dataclass(frozen=True)
 class Fix:
+    """A rule's proposed change: how sure it is, what it says, and its edits."""
+
     applicability: Applicability
     message: str
     edits: tuple[EditOp, ...] = ()
@@ -112,6 +114,8 @@ def shown_path(path: str) -> str:
 
 @dataclass(frozen=True)
 class RelatedLocation:
+    """Another place a diagnostic depends on (a wrapper's definition, the call that runs it)."""
+
     path: str
     span: Span
     message: str
@@ -142,6 +146,9 @@ class Diagnostic:
 
 @dataclass
 class FileResult:
+    """What checking one file gave: its diagnostics, the fixed text if any, and why fixes were
+    dropped."""
+
     path: str
     diagnostics: list[Diagnostic] = field(default_factory=list)  # what remains
     fixed: list[Diagnostic] = field(default_factory=list)  # what the fixes removed

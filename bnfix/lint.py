@@ -36,6 +36,8 @@ from bnfix.rulebook import (
 
 @dataclass
 class LintOptions:
+    """What `bnfix check`/`fix` were asked (the command line, or the Python API)."""
+
     paths: list[str] = field(default_factory=list)
     fix: bool = False
     unsafe_fixes: bool | None = None  # None: the configuration's `unsafe-fixes` (default off)
@@ -79,6 +81,8 @@ class UsageError(Exception):
 
 @dataclass
 class Outcome:
+    """What a run found and did, for the report and the exit status."""
+
     results: list[FileResult]
     remaining: list[Diagnostic]
     fixed: int

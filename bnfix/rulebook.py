@@ -77,6 +77,9 @@ class RuleBookError(Exception):
 
 @dataclass(frozen=True)
 class Example:
+    """A rule's example (from its TOML): the rule must flag an invalid one, leave a valid one, fix
+    a fix one."""
+
     kind: str  # valid | invalid | fix
     source: str  # "" for an artifact rule's example, or a multi-file one
     lines: tuple[int, ...] = ()  # rows where an invalid example must be flagged
@@ -99,6 +102,8 @@ class Example:
 
 @dataclass(frozen=True)
 class RuleDocs:
+    """A rule's documentation, in ruff's sections."""
+
     what: str
     why: str
     example: str
@@ -109,6 +114,8 @@ class RuleDocs:
 
 @dataclass(frozen=True)
 class Rule:
+    """One rule: its data from `rules/BNxxx.toml` (its logic is in `bnfix.checks`)."""
+
     code: str
     name: str
     summary: str
@@ -263,6 +270,8 @@ class Catalogue:
 
 @dataclass
 class RuleBook:
+    """Every rule by code, and the BN API catalogue."""
+
     rules: dict[str, Rule]
     catalogue: Catalogue
 

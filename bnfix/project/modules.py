@@ -26,6 +26,8 @@ INIT = "__init__.py"
 
 @dataclass(frozen=True)
 class ModuleFile:
+    """A source file's place in the project: its module name and import name."""
+
     name: str  # module id: the dotted path from the project root (`models.net`, `pkg`)
     import_name: str  # the dotted name from its package root (what relative imports use)
     path: str  # as discovered (relative or absolute, as the user named it)

@@ -37,6 +37,8 @@ class SourceError(Exception):
 
 @dataclass(frozen=True)
 class Decoded:
+    """A file's text and the encoding it was read with (kept for writing it back)."""
+
     text: str
     encoding: str  # as declared or detected; `utf-8-sig` keeps a BOM on write-back
 

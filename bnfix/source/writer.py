@@ -127,6 +127,8 @@ def _deeper(text: SourceText, first_row: int, last_row: int,
 
 @dataclass
 class Applied:
+    """A text with fixes applied: which were, and why the others were not."""
+
     text: str
     applied: list[int] = field(default_factory=list)  # indices of applied fixes
     rejected: dict[int, str] = field(default_factory=dict)  # index -> why
