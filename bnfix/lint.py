@@ -24,14 +24,7 @@ from bnfix.project.modules import project_root
 from bnfix.project.pins import tensorflow_pin
 from bnfix.project.runner import ProjectRunner
 from bnfix.report import formats
-from bnfix.rulebook import (
-    COMMANDS,
-    RuleBook,
-    RuleBookError,
-    load_rulebook,
-    rules_digest,
-    rules_root,
-)
+from bnfix.rulebook import COMMANDS, RuleBook, RuleBookError, load_rulebook
 
 
 @dataclass
@@ -274,7 +267,7 @@ def _missing_path(path: Path, engine: Engine, settings: Settings, outcome: Outco
 def findings_cache(engine: Engine, settings: Settings, project: bool = True) -> Cache:
     """The findings cache of a run with this engine and these settings (`bnfix check`, stdin
     and `bnfix server` share it)."""
-    key = cache_key(rules_digest(rules_root()), engine.enabled,
+    key = cache_key(engine.book.digest, engine.enabled,
                     {**engine.targets, "all-syntax": (int(engine.all_syntax_errors),),
                      "project": (int(project),), "explicit": (int(engine.target_explicit),)})
     return Cache(settings.root, key, cache_folder(settings))

@@ -274,6 +274,7 @@ class RuleBook:
 
     rules: dict[str, Rule]
     catalogue: Catalogue
+    digest: str  # of the files it was loaded from (see `files_digest`): part of the cache's key
 
     def get(self, code: str) -> Rule | None:
         return self.rules.get(code.upper())
@@ -335,13 +336,6 @@ def rules_root() -> Path:
 def rule_files(root: Path) -> list[Path]:
     """The rule book's files: one per rule, then the catalogue's."""
     return [*sorted(root.glob("BN*.toml")), *sorted((root / "catalogue").glob("*.toml"))]
-
-
-def rules_digest(root: Path) -> str:
-    """A digest of the rule book's files: editing a rule or the catalogue empties the cache."""
-    from bnfix.cache import files_digest
-
-    return files_digest(rule_files(root), root)
 
 
 def toml_module() -> ModuleType:
@@ -586,32 +580,37 @@ def load_rulebook(root: Path | None = None, cache: Path | None = None) -> RuleBo
         if _DEFAULT is None:
             _DEFAULT = load_rulebook(rules_root(), cache)
         return _DEFAULT
-    parsed = _parsed(root, cache) if cache is not None else {}
+    from bnfix.cache import files_digest
+
+    paths = rule_files(root)
+    digest = files_digest(paths, root)  # editing a rule or the catalogue empties the cache
+    parsed = _parsed(root, cache, paths, digest) if cache is not None else {}
 
     def read(path: Path) -> dict[str, Any]:
         return parsed[path] if path in parsed else _read_toml(path)
 
     rules = {}
-    for path in sorted(root.glob("BN*.toml")):
-        rule = _load_rule(path, read)
-        rules[rule.code] = rule
-    return RuleBook(rules=rules, catalogue=_load_catalogue(root / "catalogue", read))
+    for path in paths:
+        if path.parent == root:  # the catalogue's files are read below
+            rule = _load_rule(path, read)
+            rules[rule.code] = rule
+    return RuleBook(rules=rules, catalogue=_load_catalogue(root / "catalogue", read),
+                    digest=digest)
 
 
 _DEFAULT: RuleBook | None = None
 PARSED_PREFIX = "rulebook-"  # the parsed rule book in a cache folder: rulebook-<digest>.parsed
 
 
-def _parsed(root: Path, folder: Path) -> dict[Path, dict[str, Any]]:
-    """The rule files' data, from `folder` when it holds the parse of these very files (by
-    their digest, see `files_digest`), else parsed and written there (parsing the TOML was a
-    fifth of bnfix's start-up; reading the JSON back costs a tenth of it)."""
-    from bnfix.cache import files_digest
+def _parsed(root: Path, folder: Path, paths: list[Path], digest: str
+            ) -> dict[Path, dict[str, Any]]:
+    """The data of the rule files `paths`, from `folder` when it holds the parse of these very
+    files (by their `digest`), else parsed and written there (parsing the TOML was a fifth of
+    bnfix's start-up; reading the JSON back costs a tenth of it)."""
     from bnfix.source.reader import Skipped, SourceError, read_source
 
-    paths = rule_files(root)
     names = {path.relative_to(root).as_posix(): path for path in paths}
-    target = folder / f"{PARSED_PREFIX}{files_digest(paths, root)[:24]}.parsed"
+    target = folder / f"{PARSED_PREFIX}{digest[:24]}.parsed"
 
     try:  # a FIFO or a huge file planted there is refused without blocking
         data = json.loads(read_source(target, 16 << 20).decode("utf-8"))
