@@ -57,10 +57,7 @@ def dependency_cone(forward: dict[str, list[str]], importers: dict[str, set[str]
 
 def reaching(modules: set[str], forward: Mapping[str, Iterable[str]]) -> set[str]:
     """`modules` and every module that reaches one of them over `forward`."""
-    backward: dict[str, set[str]] = {}
-    for module, targets in forward.items():
-        for target in targets:
-            backward.setdefault(target, set()).add(module)
+    backward = reverse(forward)
     out, frontier = set(modules), list(modules)
     while frontier:
         for user in backward.get(frontier.pop(), ()):
@@ -70,7 +67,8 @@ def reaching(modules: set[str], forward: Mapping[str, Iterable[str]]) -> set[str
     return out
 
 
-def reverse(forward: dict[str, list[str]]) -> dict[str, set[str]]:
+def reverse(forward: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """Each module's predecessors over `forward`."""
     backward: dict[str, set[str]] = {}
     for name, targets in forward.items():
         for target in targets:
