@@ -3,8 +3,9 @@
 
 A file whose size and modification time (or, after a checkout touched it, content digest) are
 unchanged keeps its summary. Its findings are reused only while its content is unchanged *and*
-the digests of every summary they consulted (its dependency cone) are unchanged: editing a model
-file re-checks the files that use it and nothing else. The key of the cache file covers the
+the digests of every summary they consulted (its dependency cone) are unchanged, or, when some
+changed, what its check reads of them (its project context) is the same: editing a model file
+re-checks the files whose context it changes and nothing else. The key of the cache file covers the
 bnfix version, a digest of bnfix's own lint code and rule book, the enabled rules and the
 targets: a changed rule implementation never serves stale findings.
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from bnfix.config import Settings
 
 CACHE_DIR = ".bnfix_cache"
-FORMAT = 4
+FORMAT = 5
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
 RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
@@ -90,11 +91,13 @@ def code_digest() -> str:
 
 @dataclass
 class Findings:
-    """A file's cached findings and the digest of the summaries they consulted."""
+    """A file's cached findings, the digest of the summaries they consulted and the digest of
+    what the check read of them (its project context)."""
 
     ignored: tuple[str, ...]
     consulted: str  # digest of the summaries of its dependency cone
     diagnostics: list[dict[str, Any]]
+    context: str = ""  # FileContext.digest() ("": the file had no summary, no context)
 
 
 @dataclass
@@ -128,7 +131,7 @@ def _entry(fields: Any) -> Entry | None:
             checked=fields["checked"], callees=fields["callees"], outline=fields["outline"],
             findings=None if findings is None else Findings(
                 tuple(findings["ignored"]), findings["consulted"],
-                list(findings["diagnostics"])),
+                list(findings["diagnostics"]), findings["context"]),
         )
     except (TypeError, KeyError, ValueError):
         return None
@@ -149,6 +152,7 @@ def _entry(fields: Any) -> Entry | None:
                 and (entry.findings is None or (
                     all(isinstance(c, str) for c in entry.findings.ignored)
                     and isinstance(entry.findings.consulted, str)
+                    and isinstance(entry.findings.context, str)
                     and all(isinstance(d, dict) for d in entry.findings.diagnostics))))
     return entry if types_ok else None
 
@@ -241,10 +245,10 @@ class Cache:
             return None
 
     @staticmethod
-    def findings(ignored: frozenset[str], consulted: str,
-                 diagnostics: list[Diagnostic]) -> Findings:
+    def findings(ignored: frozenset[str], consulted: str, diagnostics: list[Diagnostic],
+                 context: str = "") -> Findings:
         return Findings(tuple(sorted(ignored)), consulted,
-                        [diagnostic_to_dict(d) for d in diagnostics])
+                        [diagnostic_to_dict(d) for d in diagnostics], context)
 
     def save(self) -> None:
         """Merge this run's entries into the file (another bnfix process, e.g. a parallel

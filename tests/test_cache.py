@@ -189,8 +189,9 @@ CALLS_HELPER = TRAIN + "\nfrom models import layers\n\nscaled = layers.helper(im
 def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tree, monkeypatch):
     """A top-level function that builds no BN, calls no first-party code and has no facts
     changes nothing another file's check reads: adding one to the wrapper's module re-checks
-    that module and not its users. A user whose call now resolves to it is checked again (its
-    resolved callees are in its key); warm equals cold at every step."""
+    that module and not its users. A user whose call now resolves to it has a new key (its
+    resolved callees are in it) but the same project context (the helper has nothing to
+    attach), so its findings stand too; warm equals cold at every step."""
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
                  "models/layers.py": WRAPPER.format(passed="trainable"), "train.py": TRAIN,
                  "eval.py": CALLS_HELPER})
@@ -212,10 +213,75 @@ def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tre
         warm = findings()
         rechecked = sorted(checked)
         assert warm == findings(cache=False)
-        if step == 1:  # nothing calls it: its module alone
-            assert rechecked == ["models/layers.py"]
-        else:  # eval.py's call to it now resolves: eval.py again, train.py still not
-            assert rechecked == ["eval.py", "models/layers.py"]
+        assert rechecked == ["models/layers.py"]
+
+
+def test_findings_made_against_the_same_project_context_stand(tree, monkeypatch):
+    """An edit that changes a shared module's summary changes the key of every file that
+    reaches it; a file is checked again only when what its check reads of the project (its
+    context) changed: not for a new wrapper nobody calls, yes for the file that calls a
+    function that now builds BN, and for every user when what the wrapper's BN is given
+    changes. Warm
+    equals cold at every step, and a run after each is served from the cache."""
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
+                 "models/layers.py": WRAPPER.format(passed="trainable"), "train.py": TRAIN,
+                 "eval.py": CALLS_HELPER})
+    hour_ago = _age(root)
+    checked = _record_checks(root, monkeypatch)
+
+    def findings(**options) -> list[tuple[str, str, int]]:
+        return sorted((Path(d.path).name, d.code, d.span.start.row)
+                      for d in _lint(root, **options).remaining)
+
+    cold = findings()
+    layers = root / "models" / "layers.py"
+    steps = [  # (edit of models/layers.py, the files checked again)
+        (lambda text: text + "\n\ndef frozen_bn(x):\n    return bn(x, True, False)\n",
+         ["models/layers.py"]),  # a new wrapper: its summary changes, nobody calls it
+        (lambda text: text + "\n\ndef helper(x):\n    return bn(x, True, False)\n",
+         ["eval.py", "models/layers.py"]),  # eval.py's call now reaches a frozen BN
+        (lambda text: text.replace("trainable=trainable)", "trainable=False)"),
+         ["eval.py", "models/layers.py", "train.py"]),  # what the wrapper's BN is given
+        (lambda text: text.replace("trainable=True", "trainable=None"),
+         ["models/layers.py"]),  # a default that nobody's call reads any more
+    ]
+    for step, (edit, expected) in enumerate(steps, start=1):
+        checked.clear()
+        layers.write_text(edit(layers.read_text()))
+        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
+        warm = findings()
+        assert sorted(checked) == expected, step
+        assert warm == findings(cache=False)
+        checked.clear()
+        assert findings() == warm and checked == []  # the new keys were kept
+    assert findings() != cold  # the edits did change findings
+
+
+CALLER = """
+from models.layers import bn
+
+
+def model(x):
+    return bn(x, is_training=True)
+"""
+
+
+def test_a_callers_new_summary_leaves_the_callees_findings(tree, monkeypatch):
+    """A caller's summary changes (an import) without changing what the wrapper's check reads
+    of it: the caller is checked again, the wrapper (whose cone holds the caller) is not."""
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
+                 "models/layers.py": WRAPPER.format(passed="trainable"),
+                 "a_user.py": CALLER, "z_user.py": CALLER})
+    hour_ago = _age(root)
+    checked = _record_checks(root, monkeypatch)
+    _lint(root)
+    checked.clear()
+    user = root / "z_user.py"
+    user.write_text(user.read_text() + "\nimport models.layers as spare\n")  # a new summary
+    os.utime(user, ns=(hour_ago + 10**9, hour_ago + 10**9))
+    warm = sorted((Path(d.path).name, d.code) for d in _lint(root).remaining)
+    assert checked == ["z_user.py"]
+    assert warm == sorted((Path(d.path).name, d.code) for d in _lint(root, cache=False).remaining)
 
 
 def test_a_summary_digest_leaves_out_silent_functions_only() -> None:
@@ -236,6 +302,31 @@ def test_a_summary_digest_leaves_out_silent_functions_only() -> None:
     for loud in (function("build"), function("helper", facts=("eval_helper",)),
                  function("helper", calls=(call,)), function("Net.helper")):
         assert ModuleSummary(**base, functions={loud.qualname: loud}).digest != plain, loud
+
+
+def test_the_summaries_and_marks_have_one_order_whatever_came_from_the_cache() -> None:
+    """The store is iterated in module order, not in the order summaries came (the edited ones
+    parsed, the others as cached text, a text parsed when asked for), and the index's marks
+    are kept by kind in sorted order: a context is written the same on every run."""
+    from bnfix.project.index import ProjectIndex
+    from bnfix.project.modules import ModuleMap
+    from bnfix.project.store import SummaryStore, summary_text
+    from bnfix.project.summary import ModuleSummary
+
+    def summary(module: str, kind: str) -> ModuleSummary:
+        return ModuleSummary(module=module, import_name=module, path=f"{module}.py",
+                             marks=((kind, (1, 0, 1, 5), None),))
+
+    store = SummaryStore()
+    store.add(summary("zeta", "arg_scope:tf.contrib.layers.batch_norm"))
+    alpha = summary("alpha", "loads_weights")
+    store.add_text("alpha", summary_text(alpha), alpha.digest)
+    store.add(summary("mid", "eval_call"))
+    assert list(store) == ["alpha", "mid", "zeta"]
+    store["alpha"]  # parsed now: its place does not move
+    assert list(store) == ["alpha", "mid", "zeta"]
+    marks = ProjectIndex(store, ModuleMap.build([], Path("."))).project_marks()
+    assert list(marks) == sorted(marks) and len(marks) == 3
 
 
 def test_two_runs_writing_the_cache_at_once_keep_each_others_entries(tmp_path, monkeypatch):
@@ -327,3 +418,40 @@ def test_files_digest_follows_name_size_and_time_and_content_while_racy(tmp_path
     assert files_digest([a], tmp_path) != files_digest([b], tmp_path)  # the name counts
     b.unlink()
     assert now() != base  # a file gone counts, without an error
+
+
+ZOO = """
+import tensorflow as tf
+import torch.nn as nn
+
+layers = [nn.BatchNorm1d(4), nn.BatchNorm2d(4), nn.BatchNorm3d(4), nn.SyncBatchNorm(4),
+          nn.LazyBatchNorm2d(), tf.keras.layers.BatchNormalization()]
+
+
+def tf1(x):
+    return tf.compat.v1.layers.batch_normalization(x, training=True)
+"""
+
+
+def test_project_contexts_are_written_the_same_by_every_process(tmp_path):
+    """The context digests kept with the findings do not depend on the interpreter's string
+    hashing (set order): two cold runs of each multi-file fixture, with other hash seeds,
+    store the same digests."""
+    import shutil
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    for name in ("tf1_project", "torch_project"):
+        root = tmp_path / name
+        shutil.copytree(fixtures / name, root, ignore=shutil.ignore_patterns("fixed"))
+        (root / "pyproject.toml").write_text("[tool.bnfix]\n")
+        (root / "zoo.py").write_text(ZOO)  # BN APIs enough that a set of them has no one order
+        stored = []
+        for seed in ("1", "2"):
+            shutil.rmtree(root / ".bnfix_cache", ignore_errors=True)
+            run_bnfix("check", ".", cwd=root, env={"PYTHONHASHSEED": seed})
+            (cache,) = (root / ".bnfix_cache").glob("*.json")
+            files = json.loads(cache.read_text())["files"]
+            stored.append({Path(path).name: entry["findings"]["context"]
+                           for path, entry in files.items() if entry["findings"]})
+        assert stored[0] == stored[1]
+        assert sum(1 for digest in stored[0].values() if digest) >= 3, stored[0]

@@ -384,6 +384,7 @@ class ProjectIndex:
                 self._apis.update(apis)
             for places in self._marks.values():  # in file order, whatever order the
                 places.sort(key=lambda place: (place[0], place[1]))  # summaries came in
+            self._marks = dict(sorted(self._marks.items()))
         return self._marks
 
     def marked_files(self) -> set[str]:

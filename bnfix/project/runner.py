@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the analysis (the index, lifting, the view) is imported onl
     from bnfix.project import names as name_search
     from bnfix.project.index import ProjectIndex
     from bnfix.project.session import Summarised, Worker
+    from bnfix.project.view import FileContext
 
 EXPANSION_ROUNDS = 3  # rounds of summarising files that name first-party BN builders
 PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
@@ -418,21 +419,42 @@ class ProjectRunner:
             waiting[plan.absolute] = (plan, consulted)
         if not waiting:
             return
+        from bnfix.project.view import file_context
 
-        def jobs() -> Iterator[tuple[int, tuple[object, ...]]]:
-            """Each file's job, its project context computed here when a worker is about to
-            need it (the workers check the files before while this process builds it)."""
-            from bnfix.project.view import file_context
+        index = self._check_index()
+        index.callees, index.dependents = callees, backward
+        contexts: dict[str, tuple[FileContext | None, str]] = {}
 
-            index = self._check_index()
-            index.callees, index.dependents = callees, backward
-            for plan, _ in waiting.values():
+        def context(plan: Plan) -> tuple[FileContext | None, str]:
+            """The file's project context (what its check reads of other files) and digest."""
+            found = contexts.get(plan.absolute)
+            if found is None:
                 known = file_context(index, plan.ref.module_id, self._registers) \
                     if plan.summarised else None
                 if known is not None:
                     known.imported = plan.ref.module_id in backward
+                found = contexts[plan.absolute] = (known, known.digest() if known else "")
+            return found
+
+        # The cone's digest changed, but an edit elsewhere seldom changes what a file's check
+        # reads: findings made against the same context stand (taken here, before the workers
+        # are sized, for the files whose cached findings could stand).
+        for plan, consulted in list(waiting.values()):
+            if plan.summarised and plan.entry is not None and plan.entry.findings is not None \
+                    and plan.entry.findings.context:
+                cached = self._cached(plan, consulted, context(plan)[1])
+                if cached is not None:
+                    del waiting[plan.absolute]
+                    yield cached
+        if not waiting:
+            return
+
+        def jobs() -> Iterator[tuple[int, tuple[object, ...]]]:
+            """Each file's job, its project context computed here when a worker is about to
+            need it (the workers check the files before while this process builds it)."""
+            for plan, _ in waiting.values():
                 yield plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
-                                    known, plan.ignored, self.fix, self.unsafe)
+                                    context(plan)[0], plan.ignored, self.fix, self.unsafe)
 
         for result in self._workers(len(waiting)).run("check_file", jobs()):
             plan, consulted = waiting[result.path]
@@ -442,7 +464,7 @@ class ProjectRunner:
                             for note in result.notes]  # as the user named the file
             for d in (*result.diagnostics, *result.fixed):
                 object.__setattr__(d, "path", plan.shown)
-            yield self._store(plan, result, consulted)
+            yield self._store(plan, result, consulted, context(plan)[1])
 
     def _project_facts(self) -> str:
         """A digest of what every file's check reads of every module (marks and BN APIs): a
@@ -465,27 +487,37 @@ class ProjectRunner:
             object.__setattr__(d, "path", plan.shown)
         return FileResult(plan.shown, kept, digest=error.digest, ignored=plan.ignored)
 
-    def _cached(self, plan: Plan, consulted: str) -> FileResult | None:
+    def _cached(self, plan: Plan, consulted: str, context: str | None = None
+                ) -> FileResult | None:
+        """The cached findings, when they were made against the same summaries (`consulted`)
+        or, given `context`, against the same project context (then they are kept under the
+        new `consulted`, for the next run)."""
         entry = plan.entry
         if entry is None or entry.findings is None:
             return None
         findings = entry.findings
-        if findings.ignored != tuple(sorted(plan.ignored)) or findings.consulted != consulted:
+        if findings.ignored != tuple(sorted(plan.ignored)):
+            return None
+        if findings.consulted != consulted and (context is None or findings.context != context):
             return None
         diagnostics = Cache.diagnostics(findings, plan.shown)
         if diagnostics is None or (self.fix and _has_fixes(diagnostics, self.unsafe)):
             return None  # there is something to fix: run it
+        if findings.consulted != consulted and self.cache is not None:
+            findings.consulted = consulted
+            self.cache.put(plan.absolute, entry)
         return FileResult(plan.shown, diagnostics, ignored=plan.ignored, unchanged=True,
                           digest=entry.digest)
 
-    def _store(self, plan: Plan, result: FileResult, consulted: str) -> FileResult:
+    def _store(self, plan: Plan, result: FileResult, consulted: str, context: str = ""
+               ) -> FileResult:
         """Remember the findings (of the content step 2 read: a file edited between the two
         steps is not stored, so the next run sees the change)."""
         entry = plan.entry
         if self.cache is None or entry is None or result.changed or result.internal or \
                 (result.digest is not None and result.digest != entry.digest):
             return result
-        entry.findings = Cache.findings(plan.ignored, consulted, result.diagnostics)
+        entry.findings = Cache.findings(plan.ignored, consulted, result.diagnostics, context)
         self.cache.put(plan.absolute, entry)
         return result
 

@@ -10,7 +10,8 @@
 4. Findings for the files asked about: each file is checked with the index attached (the lifted
    module of step 2 is reused), unless its cached findings are still valid: same content, and
    the same digests of every summary in its dependency cone (the modules it reaches and the
-   modules that reach it).
+   modules that reach it) or, when the cone changed, the same project context (what the check
+   reads of the index: computed, digested and compared before the file is sent to a worker).
 
 Work is spread over worker processes that keep what they lifted between steps 2 and 4 (a file
 goes to the same worker both times)."""

@@ -15,22 +15,27 @@ if TYPE_CHECKING:
 
 class SummaryStore(Mapping[str, "ModuleSummary"]):
     """Summaries by module id, kept as their JSON text until one is asked for (a warm run
-    reads the cache without converting summaries it never consults)."""
+    reads the cache without converting summaries it never consults). Iterated in module
+    order, whichever came from the cache and whichever from the files (and in what order the
+    workers sent them): what the index derives from the order is the same on every run."""
 
     def __init__(self) -> None:
         self._objects: dict[str, ModuleSummary] = {}
         self._texts: dict[str, str] = {}
         self.digests: dict[str, str] = {}
+        self._order: list[str] | None = None
 
     def add(self, summary: ModuleSummary) -> None:
         self._objects[summary.module] = summary
         self._texts.pop(summary.module, None)
         self.digests[summary.module] = summary.digest
+        self._order = None
 
     def add_text(self, module: str, text: str, digest: str) -> None:
         self._texts[module] = text
         self._objects.pop(module, None)
         self.digests[module] = digest
+        self._order = None
 
     def __getitem__(self, module: str) -> ModuleSummary:
         found = self._objects.get(module)
@@ -42,6 +47,7 @@ class SummaryStore(Mapping[str, "ModuleSummary"]):
         try:
             summary = ModuleSummary.from_data(json.loads(text))
         except (ValueError, KeyError, TypeError, IndexError) as exc:
+            self._order = None
             raise KeyError(module) from exc  # a corrupt cached summary: as if absent
         self._objects[module] = summary
         return summary
@@ -73,7 +79,9 @@ class SummaryStore(Mapping[str, "ModuleSummary"]):
         return module in self._objects or module in self._texts
 
     def __iter__(self) -> Iterator[str]:
-        return iter([*self._objects, *self._texts])
+        if self._order is None:
+            self._order = sorted({*self._objects, *self._texts})
+        return iter(self._order)
 
     def __len__(self) -> int:
         return len(self._objects) + len(self._texts)

@@ -15,6 +15,9 @@ lifted) turns that into IR:
 from __future__ import annotations
 
 import ast
+import dataclasses
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -129,6 +132,31 @@ class FileContext:
     def empty(self) -> bool:
         return not (self.reaches or self.calls or self.other_marks or self.facts or self.steps or
                     self.instances) and self.imported
+
+    def digest(self) -> str:
+        """A digest of all of it: the check of a file reads the project only through its
+        context, so findings made against a context with this digest are the findings against
+        this one (an edit elsewhere that leaves it the same re-checks nothing). Sets are taken
+        sorted, everything else in its order (an order the check may follow)."""
+        fields = [[k, list(v.items()) if isinstance(v, dict) else v]
+                  for k, v in vars(self).items()]  # dicts keyed by tuples: as pairs
+        text = json.dumps(fields, separators=(",", ":"), default=_plain)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _plain(value: object) -> object:
+    """What JSON writes for a record of a context (json calls it for what it cannot write)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=lambda v: json.dumps(v, default=_plain))
+    names = _FIELDS.get(type(value))
+    if names is None:
+        if not dataclasses.is_dataclass(value):
+            raise TypeError(f"a file context holds a {type(value).__name__}")
+        names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    return [type(value).__name__, *(getattr(value, n) for n in names)]
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def span(loc: Loc) -> Span:
