@@ -2,7 +2,9 @@
 then its model file (the one `bench/run.py` edits) gets a TF1 BN wrapper and a torch BN class
 (conv with bias + BN); another file gets a function that loads trained weights (a mark every
 file's check reads: it turns the class's BN104 fix display-only) and is restored;
-the model file gets a plain function and is restored. After each edit the cached
+the model file gets a plain function, then its first BN-building function is hidden behind
+a `*args` wrapper of the same name (what every caller's check reads of it changes: their
+cached findings must not stand), and it is restored. After each edit the cached
 (incremental) run's findings, fixes included, must equal a `--no-cache` run's.
 
     python bench/warm_cold.py ~/corpus/timm ~/corpus/tpu ...
@@ -11,7 +13,9 @@ Prints one row per edit; exit 1 when a warm run differs."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +50,27 @@ def findings(root: Path, cache: bool) -> list[tuple[str, str, int, str]]:
                    json.dumps(d["fix"], sort_keys=True)) for d in json.loads(out))
 
 
+def builder(text: str) -> str | None:
+    """The first top-level function of the model file that builds BN (others call it)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any(
+                w in (ast.get_source_segment(text, node) or "")
+                for w in ("BatchNorm", "batch_norm", "batch_normalization")):
+            return node.name
+    return None
+
+
+def wrapped(text: str, name: str) -> str:
+    """`text` with function `name` renamed and a wrapper of that name that hides its args."""
+    return re.sub(rf"^def {name}\(", f"def _bench_orig_{name}(", text, count=1,
+                  flags=re.MULTILINE) + (f"\n\ndef {name}(*args, **kwargs):\n"
+                                         f"    return _bench_orig_{name}(*args, **kwargs)\n")
+
+
 def main() -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="bnfix-warm-cold-") as tmp:
@@ -68,6 +93,10 @@ def main() -> int:
             # with the torch class's conv + BN (BN104) in: its fix depends on the new file
             steps[2:2] = [("loads elsewhere", lambda: elsewhere.write_text(before + LOADS)),
                           ("removed", lambda: elsewhere.write_text(before))]
+            name = builder(original)
+            if name is not None:
+                steps.append(("wrapped builder",
+                              lambda: target.write_text(wrapped(original, name))))
             steps.append(("restored", lambda: target.write_text(original)))
             for label, edit in steps:
                 edit()
