@@ -101,7 +101,9 @@ class ProjectRunner:
         self._modules: ModuleMap | None = None
         # each summarised module's outline digest (marks and BN APIs, see outline_digest)
         self._outlines: dict[str, str] = {}
-        self._index: ProjectIndex | None = None  # of the checking step, built on first need
+        # the index of the store as it is (built on first need, dropped when summaries are
+        # added: the name search's and the checking step's are one when none came between)
+        self._index: ProjectIndex | None = None
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -235,7 +237,7 @@ class ProjectRunner:
             assert self._modules is not None
             from bnfix.project import names as name_search
 
-            self._pairs = name_search.interesting_pairs(self._new_index())
+            self._pairs = name_search.interesting_pairs(self._current_index())
         text = self.overlay.get(path)
         if text is None:
             try:
@@ -254,7 +256,7 @@ class ProjectRunner:
             return tuple(n for n in meta["names"].split() if n)
         from bnfix.project import names as name_search
 
-        index = self._new_index()
+        index = self._current_index()
         known = self._parts
         if known is None and meta.get("names_scope") == self._scope:
             known = name_search.from_text(meta.get("name_parts", ""))
@@ -273,18 +275,14 @@ class ProjectRunner:
                                    name_parts=name_search.to_text(parts))
         return names
 
-    def _new_index(self) -> ProjectIndex:
+    def _current_index(self) -> ProjectIndex:
         """An index of the summaries in the store now (imported here: a run whose findings
         all come from the cache never builds one)."""
-        from bnfix.project.index import ProjectIndex
-
-        assert self._modules is not None
-        return ProjectIndex(self.store, self._modules)
-
-    def _check_index(self) -> ProjectIndex:
-        """The index of the checking step (the store is complete then)."""
         if self._index is None:
-            self._index = self._new_index()
+            from bnfix.project.index import ProjectIndex
+
+            assert self._modules is not None
+            self._index = ProjectIndex(self.store, self._modules)
         return self._index
 
     def _known_edges(self, plans: list[Plan], index: ProjectIndex) -> dict[str, list[str]] | None:
@@ -303,6 +301,7 @@ class ProjectRunner:
         return forward
 
     def _collect(self, results: Iterator[Summarised], by_path: dict[str, Plan]) -> None:
+        self._index = None  # the store changes
         for done in results:
             plan = by_path[done.path]
             if done.internal is not None and not plan.reported:
@@ -366,7 +365,7 @@ class ProjectRunner:
             module = plan.ref.module_id
             links = cached.get(module) if module not in stale else None
             if links is None:
-                links = module_links(self._check_index(), module)
+                links = module_links(self._current_index(), module)
                 if self.cache is not None and plan.entry is not None:
                     plan.entry.edges, plan.entry.callees = links
                     self.cache.put(plan.absolute, plan.entry)
@@ -421,7 +420,7 @@ class ProjectRunner:
             return
         from bnfix.project.view import file_context
 
-        index = self._check_index()
+        index = self._current_index()
         index.callees, index.dependents = callees, backward
         contexts: dict[str, tuple[FileContext | None, str]] = {}
 

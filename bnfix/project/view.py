@@ -153,6 +153,9 @@ def _plain(value: object) -> object:
         if not dataclasses.is_dataclass(value):
             raise TypeError(f"a file context holds a {type(value).__name__}")
         names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    held = vars(value)
+    if len(held) == len(names):  # its fields alone, as its __init__ set them: in their order
+        return [type(value).__name__, *held.values()]
     return [type(value).__name__, *(getattr(value, n) for n in names)]
 
 
