@@ -452,8 +452,10 @@ class ProjectRunner:
             """Each file's job, its project context computed here when a worker is about to
             need it (the workers check the files before while this process builds it)."""
             for plan, _ in waiting.values():
+                known, digest = context(plan)
+                contexts[plan.absolute] = (None, digest)  # sent: only its digest is kept
                 yield plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
-                                    context(plan)[0], plan.ignored, self.fix, self.unsafe)
+                                    known, plan.ignored, self.fix, self.unsafe)
 
         for result in self._workers(len(waiting)).run("check_file", jobs()):
             plan, consulted = waiting[result.path]
