@@ -95,8 +95,8 @@ def main() -> int:
                           ("removed", lambda: elsewhere.write_text(before))]
             name = builder(original)
             if name is not None:
-                steps.append(("wrapped builder",
-                              lambda: target.write_text(wrapped(original, name))))
+                text = wrapped(original, name)
+                steps.append(("wrapped builder", lambda text=text: target.write_text(text)))
             steps.append(("restored", lambda: target.write_text(original)))
             for label, edit in steps:
                 edit()

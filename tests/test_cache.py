@@ -186,12 +186,9 @@ def test_a_file_is_checked_again_for_its_callers_not_for_importers_of_its_packag
 CALLS_HELPER = TRAIN + "\nfrom models import layers\n\nscaled = layers.helper(images)\n"
 
 
-def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tree, monkeypatch):
-    """A top-level function that builds no BN, calls no first-party code and has no facts
-    changes nothing another file's check reads: adding one to the wrapper's module re-checks
-    that module and not its users. A user whose call now resolves to it has a new key (its
-    resolved callees are in it) but the same project context (the helper has nothing to
-    attach), so its findings stand too; warm equals cold at every step."""
+def _wrapper_project(tree, monkeypatch):  # type: ignore[no-untyped-def]
+    """The wrapper's module, a script that uses it and one that calls a helper of it (aged):
+    its root, the age, the files checked as they happen, and its findings by (file, code, row)."""
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
                  "models/layers.py": WRAPPER.format(passed="trainable"), "train.py": TRAIN,
                  "eval.py": CALLS_HELPER})
@@ -202,6 +199,16 @@ def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tre
         return sorted((Path(d.path).name, d.code, d.span.start.row)
                       for d in _lint(root, **options).remaining)
 
+    return root, hour_ago, checked, findings
+
+
+def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tree, monkeypatch):
+    """A top-level function that builds no BN, calls no first-party code and has no facts
+    changes nothing another file's check reads: adding one to the wrapper's module re-checks
+    that module and not its users. A user whose call now resolves to it has a new key (its
+    resolved callees are in it) but the same project context (the helper has nothing to
+    attach), so its findings stand too; warm equals cold at every step."""
+    root, hour_ago, checked, findings = _wrapper_project(tree, monkeypatch)
     cold = findings()
     assert ("train.py", "BN001") in {(name, code) for name, code, _ in cold}
     layers = root / "models" / "layers.py"
@@ -221,18 +228,8 @@ def test_findings_made_against_the_same_project_context_stand(tree, monkeypatch)
     reaches it; a file is checked again only when what its check reads of the project (its
     context) changed: not for a new wrapper nobody calls, yes for the file that calls a
     function that now builds BN, and for every user when what the wrapper's BN is given
-    changes. Warm
-    equals cold at every step, and a run after each is served from the cache."""
-    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
-                 "models/layers.py": WRAPPER.format(passed="trainable"), "train.py": TRAIN,
-                 "eval.py": CALLS_HELPER})
-    hour_ago = _age(root)
-    checked = _record_checks(root, monkeypatch)
-
-    def findings(**options) -> list[tuple[str, str, int]]:
-        return sorted((Path(d.path).name, d.code, d.span.start.row)
-                      for d in _lint(root, **options).remaining)
-
+    changes. Warm equals cold at every step, and a run after each is served from the cache."""
+    root, hour_ago, checked, findings = _wrapper_project(tree, monkeypatch)
     cold = findings()
     layers = root / "models" / "layers.py"
     steps = [  # (edit of models/layers.py, the files checked again)
