@@ -452,3 +452,19 @@ def test_project_contexts_are_written_the_same_by_every_process(tmp_path):
                            for path, entry in files.items() if entry["findings"]})
         assert stored[0] == stored[1]
         assert sum(1 for digest in stored[0].values() if digest) >= 3, stored[0]
+
+
+def test_a_run_without_the_cache_digests_no_context(tree, monkeypatch):
+    """The contexts' digests are for the cache alone: `--no-cache` computes none."""
+    from bnfix.project.view import FileContext
+
+    root, _, checked, findings = _wrapper_project(tree, monkeypatch)
+    digests: list[str] = []
+    original = FileContext.digest
+    monkeypatch.setattr(FileContext, "digest", lambda self: digests.append(self.path) or
+                        original(self))
+    assert findings(cache=False) and sorted(checked) == ["eval.py", "models/__init__.py",
+                                                         "models/layers.py", "train.py"]
+    assert digests == []
+    findings()
+    assert len(digests) == 4

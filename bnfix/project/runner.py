@@ -425,14 +425,16 @@ class ProjectRunner:
         contexts: dict[str, tuple[FileContext | None, str]] = {}
 
         def context(plan: Plan) -> tuple[FileContext | None, str]:
-            """The file's project context (what its check reads of other files) and digest."""
+            """The file's project context (what its check reads of other files) and its
+            digest (kept with the findings: without a cache, none)."""
             found = contexts.get(plan.absolute)
             if found is None:
                 known = file_context(index, plan.ref.module_id, self._registers) \
                     if plan.summarised else None
                 if known is not None:
                     known.imported = plan.ref.module_id in backward
-                found = contexts[plan.absolute] = (known, known.digest() if known else "")
+                digest = known.digest() if known is not None and self.cache is not None else ""
+                found = contexts[plan.absolute] = (known, digest)
             return found
 
         # The cone's digest changed, but an edit elsewhere seldom changes what a file's check
