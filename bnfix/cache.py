@@ -10,7 +10,10 @@ bnfix version, a digest of bnfix's own lint code and rule book, the enabled rule
 targets: a changed rule implementation never serves stale findings.
 
 The cache is plain JSON, never pickle: a cache file that came with a repository cannot run
-code. A malformed entry (or file) is ignored, never trusted. What is stored is what was
+code. It is JSON lines: a header (format, meta), then one line per file, so that a run writes
+again only the entries it changed and copies the others' lines as it read them (re-encoding
+every summary cost more than the rest of a warm run after an edit). A malformed entry (or
+header) is ignored, never trusted. What is stored is what was
 analysed: the file is stat-ed before it is read, so an edit saved during the run is seen as a
 change by the next run. A file's modification time has a coarse clock on some systems (one
 tick, up to 2 s on FAT): an edit saved within that tick of the read would keep the size and the
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from bnfix.config import Settings
 
 CACHE_DIR = ".bnfix_cache"
-FORMAT = 5
+FORMAT = 6
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
 RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
@@ -166,9 +169,10 @@ def cache_folder(settings: Settings) -> Path:
 class Cache:
     def __init__(self, root: Path, key: str, folder: Path | None = None) -> None:
         self.folder = root / CACHE_DIR if folder is None else folder  # folder: --cache-dir
-        self.path = self.folder / f"{key[:24]}.json"
+        self.path = self.folder / f"{key[:24]}.jsonl"
         self.entries: dict[str, Entry] = {}
         self.changed: dict[str, Entry] = {}
+        self._lines: dict[str, str] = {}  # each entry's line as read (written back unchanged)
         self.meta: dict[str, Any] = {}  # `scope`: the project the edges were computed in
         self.started_ns = time.time_ns()
         self._loaded: tuple[int, ...] | None = None  # the file's identity when it was read
@@ -185,21 +189,29 @@ class Cache:
 
     def _load(self) -> None:
         self.entries = {}
+        self._lines = {}
         self._loaded = self._identity()  # before the read: a write during it shows at save
         try:  # never blocks on a FIFO planted where the cache file goes
-            data = json.loads(read_source(self.path, MAX_CACHE_BYTES).decode("utf-8"))
+            lines = read_source(self.path, MAX_CACHE_BYTES).decode("utf-8").split("\n")
+            head = json.loads(lines[0])
         except (SourceError, Skipped, ValueError, RecursionError):
             return  # no cache yet, or an unreadable one: analyse everything
-        if not isinstance(data, dict) or data.get("format") != FORMAT or \
-                not isinstance(data.get("files"), dict):
+        if not isinstance(head, dict) or head.get("format") != FORMAT:
             return
-        meta = data.get("meta")
+        meta = head.get("meta")
         self.meta = {k: v for k, v in meta.items() if isinstance(v, str)} \
             if isinstance(meta, dict) else {}
-        for name, fields in data["files"].items():
-            entry = _entry(fields)
-            if isinstance(name, str) and entry is not None:
-                self.entries[name] = entry
+        for line in lines[1:]:
+            try:
+                item = json.loads(line) if line else None
+            except (ValueError, RecursionError):
+                continue
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                continue
+            entry = _entry(item[1])
+            if entry is not None:
+                self.entries[item[0]] = entry
+                self._lines[item[0]] = line
 
     @staticmethod
     def name(path: str | Path) -> str:
@@ -263,8 +275,12 @@ class Cache:
                 self.meta = meta
             self.entries.update(self.changed)
             racy = self.started_ns - RACY_NS
-            write_json(self.path, {"format": FORMAT, "meta": self.meta,
-                                   "files": {k: _data(v, racy) for k, v in self.entries.items()}})
+            lines = [json.dumps({"format": FORMAT, "meta": self.meta}, separators=(",", ":"))]
+            for name, entry in self.entries.items():
+                line = self._lines.get(name) if name not in self.changed else None
+                lines.append(line if line is not None else
+                             json.dumps([name, _data(entry, racy)], separators=(",", ":")))
+            write_text(self.path, "\n".join(lines) + "\n")
         except OSError:
             return  # a read-only checkout: run without a cache rather than fail
 
@@ -289,13 +305,18 @@ def prepare_folder(folder: Path) -> None:
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Replace `path` with `payload` at once (a temporary file renamed over it)."""
+    # json.dumps: the C encoder (json.dump is the pure-Python one, 1.6x slower on large data)
+    write_text(path, json.dumps(payload, separators=(",", ":")))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` at once (a temporary file renamed over it)."""
     import tempfile
 
     fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(payload, separators=(",", ":")))  # C encoder: json.dump is
-            # the pure-Python one, 1.6x slower on a large cache
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -64,13 +64,21 @@ def test_configuration_and_fixes_invalidate(tree):
 def test_a_corrupt_or_hostile_cache_is_ignored(tree):
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
     _lint(root)
-    (cache_file,) = (root / ".bnfix_cache").glob("*.json")
-    data = json.loads(cache_file.read_text())
-    assert data["format"] == FORMAT and set(data["files"]) == {os.path.realpath(root / "a.py")}
+    (cache_file,) = (root / ".bnfix_cache").glob("*.jsonl")
+    head, *lines = cache_file.read_text().splitlines()
+    assert json.loads(head)["format"] == FORMAT
+    assert [json.loads(line)[0] for line in lines] == [os.path.realpath(root / "a.py")]
     cache_file.write_bytes(b"\x80\x04\x95 not json: a pickle would run code here")
     assert [d.code for d in _lint(root).remaining] == ["BN008"]
     cache_file.write_text('{"format": 1, "files": {"x": {"bogus": 1}}}')
     assert [d.code for d in _lint(root).remaining] == ["BN008"]
+    # a right header with entries that are not: each is ignored, the good one is used
+    good = lines[0]
+    cache_file.write_text("\n".join([head, "[1, 2]", "{not json", "[" * 100000, '["x", {}]',
+                                     good, ""]))
+    result = _lint(root)
+    assert [d.code for d in result.remaining] == ["BN008"]
+    assert [r.unchanged for r in result.results] == [True]  # served from the good line
 
 
 def test_no_cache_flag_writes_nothing(tree):
@@ -446,10 +454,10 @@ def test_project_contexts_are_written_the_same_by_every_process(tmp_path):
         for seed in ("1", "2"):
             shutil.rmtree(root / ".bnfix_cache", ignore_errors=True)
             run_bnfix("check", ".", cwd=root, env={"PYTHONHASHSEED": seed})
-            (cache,) = (root / ".bnfix_cache").glob("*.json")
-            files = json.loads(cache.read_text())["files"]
+            (cache,) = (root / ".bnfix_cache").glob("*.jsonl")
+            files = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
             stored.append({Path(path).name: entry["findings"]["context"]
-                           for path, entry in files.items() if entry["findings"]})
+                           for path, entry in files if entry["findings"]})
         assert stored[0] == stored[1]
         assert sum(1 for digest in stored[0].values() if digest) >= 3, stored[0]
 

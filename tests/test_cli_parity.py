@@ -302,14 +302,14 @@ def test_cache_dir(tree, tmp_path):
     root = tree({"train.py": BUGGY})
     elsewhere = tmp_path / "elsewhere-cache"
     assert run_bnfix("check", "--cache-dir", str(elsewhere), ".", cwd=root).returncode == 1
-    assert list(elsewhere.glob("*.json")) and (elsewhere / ".gitignore").is_file()
+    assert list(elsewhere.glob("*.jsonl")) and (elsewhere / ".gitignore").is_file()
     assert not (root / ".bnfix_cache").exists()
     (root / "pyproject.toml").write_text('[tool.bnfix]\ncache-dir = "build/bnfix"\n')
     run_bnfix("check", ".", cwd=root)
-    assert list((root / "build" / "bnfix").glob("*.json"))
+    assert list((root / "build" / "bnfix").glob("*.jsonl"))
     env = tmp_path / "env-cache"
     run_bnfix("check", ".", cwd=root, env={"BNFIX_CACHE_DIR": str(env)})
-    assert list(env.glob("*.json")), "BNFIX_CACHE_DIR wins over the configuration"
+    assert list(env.glob("*.jsonl")), "BNFIX_CACHE_DIR wins over the configuration"
 
 
 def test_target_version_overrides_pins_and_configuration(tree):

@@ -187,7 +187,7 @@ def test_fifos_and_devices_never_block_or_eat_memory(tmp_path):
                             "(name it on the command line to check it)\n")
     # named on the command line: opened, refused without blocking; a FIFO where the cache file
     # and its temporary files go; a FIFO given as --config
-    (cache,) = (root / ".bnfix_cache").glob("*.json")
+    (cache,) = (root / ".bnfix_cache").glob("*.jsonl")
     cache.unlink()
     os.mkfifo(cache)
     os.mkfifo(root / ".bnfix_cache" / ".cache.left")

@@ -293,12 +293,13 @@ def test_the_name_search_after_an_edit_recomputes_what_reaches_it_and_equals_a_w
     again = edit("models/layers.py", "def conv_bn(x, is_training, trainable=True):\n    return x\n")
     assert "data.augment" not in again
     # a corrupt part in the cache is as none: everything is computed again
-    (cache_file,) = (project / ".bnfix_cache").glob("*.json")
+    (cache_file,) = (project / ".bnfix_cache").glob("*.jsonl")
     import json
-    data = json.loads(cache_file.read_text())
+    head, rest = cache_file.read_text().split("\n", 1)
+    data = json.loads(head)
     data["meta"]["name_parts"] = '{"models": ["x", "abc", [1]]}'
     data["meta"]["names_for"] = "stale"
-    cache_file.write_text(json.dumps(data))
+    cache_file.write_text(json.dumps(data) + "\n" + rest)
     computed.clear()
     check_paths([project], cache=True)
     assert "data.augment" in set().union(*computed)
