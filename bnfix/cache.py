@@ -100,7 +100,7 @@ class Findings:
     ignored: tuple[str, ...]
     consulted: str  # digest of the summaries of its dependency cone
     diagnostics: list[dict[str, Any]]
-    context: str = ""  # FileContext.digest() ("": the file had no summary, no context)
+    context: str  # FileContext.digest() ("": the file had no summary, no context)
 
 
 @dataclass
