@@ -5,9 +5,9 @@ A file whose size and modification time (or, after a checkout touched it, conten
 unchanged keeps its summary. Its findings are reused only while its content is unchanged *and*
 the digests of every summary they consulted (its dependency cone) are unchanged, or, when some
 changed, what its check reads of them (its project context) is the same: editing a model file
-re-checks the files whose context it changes and nothing else. The key of the cache file covers the
-bnfix version, a digest of bnfix's own lint code and rule book, the enabled rules and the
-targets: a changed rule implementation never serves stale findings.
+re-checks the files whose context it changes and nothing else. The key of the cache file
+covers the bnfix version, a digest of bnfix's own lint code and rule book, the enabled rules
+and the targets: a changed rule implementation never serves stale findings.
 
 The cache is plain JSON, never pickle: a cache file that came with a repository cannot run
 code. It is JSON lines: a header (format, meta), then one line per file, so that a run writes
@@ -258,7 +258,7 @@ class Cache:
 
     @staticmethod
     def findings(ignored: frozenset[str], consulted: str, diagnostics: list[Diagnostic],
-                 context: str = "") -> Findings:
+                 context: str) -> Findings:
         return Findings(tuple(sorted(ignored)), consulted,
                         [diagnostic_to_dict(d) for d in diagnostics], context)
 
