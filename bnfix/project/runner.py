@@ -25,7 +25,7 @@ from bnfix.cache import Cache, Entry
 from bnfix.engine import Engine
 from bnfix.findings import Applicability, Diagnostic, FileResult
 from bnfix.project.graph import (
-    dependency_cone,
+    cone_keys,
     digest_of,
     module_edges,
     module_links,
@@ -380,6 +380,9 @@ class ProjectRunner:
         callers = reverse({module: sorted({m for m, _ in callees.get(module, ())})
                            for module in forward})
         everywhere = self._project_facts()
+        keys = cone_keys(forward, callers, self.store.digests, {
+            p.ref.module_id: everywhere + _callees_text(callees, p.ref.module_id)
+            for p in plans if p.reported and p.summarised})
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
             if plan.done is not None and plan.done.note:
@@ -400,10 +403,7 @@ class ProjectRunner:
                 continue
             # the file's own resolved callees too: a call that now resolves to a function
             # whose module's digest leaves it out (a silent function) is a change
-            consulted = digest_of(self.store.digests, dependency_cone(
-                forward, backward, callers, plan.ref.module_id),
-                everywhere + _callees_text(callees, plan.ref.module_id)) \
-                if plan.summarised else ""
+            consulted = keys[plan.ref.module_id] if plan.summarised else ""
             cached = self._cached(plan, consulted)
             if cached is not None:
                 yield cached
