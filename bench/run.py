@@ -172,9 +172,12 @@ def measure(corpus: Corpus, args: argparse.Namespace, work: Path) -> None:
     run("ruff", ["ruff", "check", "--no-cache", "--exit-zero", "--quiet", *corpus.paths],
         args.repeat)
     copy = run_dir / "copy"
-    for i, path in enumerate(corpus.paths):
-        shutil.copytree(path, copy / str(i), ignore=shutil.ignore_patterns("*.so", "*.pyc"))
-    warm = [*BNFIX, str(copy)]
+    # each copy keeps its folder's name: `torch/` copied as `0/` would be a package named `0`
+    # whose `import torch.nn` no longer resolves to first-party code (a smaller project)
+    copies = [copy / str(i) / Path(path).name for i, path in enumerate(corpus.paths)]
+    for path, into in zip(corpus.paths, copies):
+        shutil.copytree(path, into, ignore=shutil.ignore_patterns("*.so", "*.pyc"))
+    warm = [*BNFIX, *map(str, copies)]
     timed(warm, 1, str(run_dir))  # fills .bnfix_cache
     run("bnfix warm", warm, args.repeat)
     ruff_warm = ["ruff", "check", "--exit-zero", "--quiet", str(copy)]
@@ -196,10 +199,10 @@ def measure(corpus: Corpus, args: argparse.Namespace, work: Path) -> None:
                     f"    return {called.group(1)}(*args)\n"))
         run("ruff edit comment", ruff_warm, args.repeat,
             lambda: target.open("a").write(f"# bench edit {next(counter)}\n"))
-    fixed = run_dir / "fixed"
-    for i, path in enumerate(corpus.paths):
-        shutil.copytree(path, fixed / str(i), ignore=shutil.ignore_patterns("*.so", "*.pyc"))
-    run("bnfix --fix", [*BNFIX, "--no-cache", "--fix", "--unsafe-fixes", str(fixed)], 1)
+    fixed = [run_dir / "fixed" / str(i) / Path(path).name for i, path in enumerate(corpus.paths)]
+    for path, into in zip(corpus.paths, fixed):
+        shutil.copytree(path, into, ignore=shutil.ignore_patterns("*.so", "*.pyc"))
+    run("bnfix --fix", [*BNFIX, "--no-cache", "--fix", "--unsafe-fixes", *map(str, fixed)], 1)
     if "torchfix" not in args.skip:
         run("torchfix", ["torchfix", *corpus.paths], 1)
     corpus.rss_mb = peak_rss_mb([*BNFIX, "--no-cache", *corpus.paths], str(run_dir))
