@@ -219,16 +219,69 @@ def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tre
     root, hour_ago, checked, findings = _wrapper_project(tree, monkeypatch)
     cold = findings()
     assert ("train.py", "BN001") in {(name, code) for name, code, _ in cold}
+    linked = _record_links(monkeypatch)
     layers = root / "models" / "layers.py"
-    for step, helper in enumerate(["\n\ndef unrelated(x):\n    return x * 2\n",
-                                   "\n\ndef helper(x):\n    return x + 1\n"], start=1):
+    # nothing names `unrelated`: the users keep their cached edges; eval.py calls
+    # `layers.helper`, which now resolves: every module that reaches layers.py is linked again
+    for step, (helper, relinked) in enumerate([
+            ("\n\ndef unrelated(x):\n    return x * 2\n", ["models.layers"]),
+            ("\n\ndef helper(x):\n    return x + 1\n", ["eval", "models.layers", "train"])],
+            start=1):
         checked.clear()
+        linked.clear()
         layers.write_text(layers.read_text() + helper)
         os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
         warm = findings()
-        rechecked = sorted(checked)
+        rechecked, warm_linked = sorted(checked), sorted(linked)
         assert warm == findings(cache=False)
         assert rechecked == ["models/layers.py"]
+        assert warm_linked == relinked
+
+
+def _record_links(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The modules whose edges and resolved calls the run computes (not from the cache)."""
+    import bnfix.project.runner as runner
+
+    linked: list[str] = []
+    original = runner.module_links
+
+    def recording(index, module):  # type: ignore[no-untyped-def]
+        linked.append(module)
+        return original(index, module)
+
+    monkeypatch.setattr(runner, "module_links", recording)
+    return linked
+
+
+def test_a_function_added_to_a_shared_module_keeps_its_users_resolved_calls(tree, monkeypatch):
+    """The users of a module keep their cached edges and resolved calls when the module's
+    summary resolves names as before but for new functions that none of them names (a new
+    wrapper, a new BN builder); a new function that one of them calls, or a new class (or
+    method, base, import: names resolve differently), links every module that reaches it
+    again. Warm equals cold each time."""
+    root, hour_ago, _, findings = _wrapper_project(tree, monkeypatch)
+    findings()
+    linked = _record_links(monkeypatch)
+    layers = root / "models" / "layers.py"
+    steps = [("\n\ndef bn_frozen(x):\n    return bn(x, True, trainable=False)\n", ["models.layers"]),
+             # eval.py calls `layers.helper`: a name it mentions, so it is linked again (and
+             # the others that reach the module: one test of the text is all there is)
+             ("\n\ndef helper(x):\n    return bn(x, True, trainable=False)\n",
+              ["eval", "models.layers", "train"]),
+             ("\n\ndef head(x):\n    return tf.keras.layers.BatchNormalization()(x)\n",
+              ["models.layers"]),
+             ("\n\nclass Head:\n    def __call__(self, x):\n        return bn(x, True)\n",
+              ["eval", "models.layers", "train"])]
+    for step, (added, relinked) in enumerate(steps, start=1):
+        linked.clear()
+        layers.write_text(layers.read_text() + added)
+        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
+        warm = findings()
+        warm_linked = sorted(linked)
+        assert warm == findings(cache=False)
+        assert warm_linked == relinked
+        if added.startswith("\n\ndef helper"):  # the new call in eval.py freezes a BN
+            assert ("eval.py", "BN001") in {(name, code) for name, code, _ in warm}
 
 
 def test_findings_made_against_the_same_project_context_stand(tree, monkeypatch):

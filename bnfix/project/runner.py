@@ -33,7 +33,13 @@ from bnfix.project.graph import (
     reverse,
 )
 from bnfix.project.modules import ModuleMap, ModuleRef
-from bnfix.project.store import SummaryStore, outline, outline_digest, summary_text
+from bnfix.project.store import (
+    SummaryStore,
+    outline,
+    outline_digest,
+    resolution_face,
+    summary_text,
+)
 from bnfix.project.workers import InProcess, Processes
 from bnfix.rulebook import load_rulebook
 from bnfix.source.reader import Skipped, SourceError, decode, read_source
@@ -73,6 +79,7 @@ class Plan:
     entry: Entry | None = None  # the cache's entry, when still fresh
     done: Summarised | None = None
     summarised: bool = False  # it has a summary (in the store)
+    previous: Entry | None = None  # the cache's entry this run's summary replaced
 
 
 class ProjectRunner:
@@ -322,6 +329,7 @@ class ProjectRunner:
                     self.cache.put(done.path, plan.entry)
                 continue
             plan.done = done
+            plan.previous = stale
             if done.summary is not None:
                 self.store.add(done.summary)
                 self._outlines[done.summary.module] = outline_digest(outline(done.summary))
@@ -346,7 +354,11 @@ class ProjectRunner:
         from the cache while the project's files are the same, computed for the modules
         summarised in this run and for every module that reaches one of them over the cached
         edges (a call resolved through a changed module's re-exports may now lead elsewhere;
-        the first changed module on its way is one the caller reached before)."""
+        the first changed module on its way is one the caller reached before). A module
+        whose summary resolves names as before but for functions added or removed (a new
+        helper or function: the common edit) changes a call elsewhere only if that call names
+        one, so the modules that reach it keep their cached edges unless a summary among them
+        mentions such a name (anywhere in its text: a superset)."""
         valid = self.cache is not None and self.cache.meta.get("scope") == scope
         cached: dict[str, tuple[list[str], list[list[str]]]] = {}
         for plan in plans:
@@ -356,7 +368,16 @@ class ProjectRunner:
                 cached[plan.ref.module_id] = (entry.edges, entry.callees)
         changed = {p.ref.module_id for p in plans if p.done is not None or
                    (p.summarised and p.ref.module_id not in cached)}
-        stale = reaching(changed, {m: edges for m, (edges, _) in cached.items()})
+        known = {m: edges for m, (edges, _) in cached.items()}
+        renamed = self._renamed(plans)
+        stale = reaching(changed - renamed.keys(), known)
+        if renamed:
+            names = set().union(*renamed.values())
+            texts = {p.ref.module_id: p.entry.summary for p in plans
+                     if p.ref.module_id in cached and p.entry is not None}
+            users = reaching(set(renamed), known) - stale - renamed.keys()
+            if any(texts.get(m) is None or any(n in texts[m] for n in names) for m in users):
+                stale |= reaching(set(renamed), known)
         forward: dict[str, list[str]] = {}
         callees: dict[str, frozenset[tuple[str, str]]] = {}
         for plan in plans:
@@ -372,6 +393,26 @@ class ProjectRunner:
             forward[module] = links[0]
             callees[module] = frozenset((m, q) for m, q in links[1])
         return forward, callees
+
+    @staticmethod
+    def _renamed(plans: list[Plan]) -> dict[str, set[str]]:
+        """The modules summarised again in this run that resolve names as their cached summary
+        did but for functions added or removed (a new helper, a new function calling others),
+        with the names those functions are called by (each part of their qualnames)."""
+        found: dict[str, set[str]] = {}
+        for plan in plans:
+            previous, entry = plan.previous, plan.entry
+            if plan.done is None or previous is None or previous.summary is None or \
+                    entry is None or entry.summary is None:
+                continue
+            before, after = resolution_face(previous.summary), resolution_face(entry.summary)
+            if before is None or after is None or before[0] != after[0]:
+                continue
+            old, new = before[1], after[1]
+            if all(old[q] == new[q] for q in old.keys() & new.keys()):
+                found[plan.ref.module_id] = {part for q in old.keys() ^ new.keys()
+                                             for part in q.split(".") if part != "<locals>"}
+        return found
 
     def _check(self, plans: list[Plan], scope: str) -> Iterator[FileResult]:
         """Step 4: findings of the files asked about."""

@@ -122,5 +122,18 @@ def outline_digest(found: Outline | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
+def resolution_face(text: str) -> tuple[str, dict[str, str | None]] | None:
+    """What resolving a name through a module reads of its summary (`ProjectIndex._in_module`:
+    its file, imports, star imports, and its classes' names, bases and methods) as one text,
+    and its functions (qualname: class); None when the summary's JSON text is corrupt."""
+    try:
+        data = json.loads(text)
+        face = json.dumps([data["path"], data["imports"], data["star"],
+                           [[c[0], c[2], c[3]] for c in data["classes"]]])
+        return face, {item[0]: item[2] for item in data["functions"]}
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
 def summary_text(summary: ModuleSummary) -> str:
     return json.dumps(summary.to_data(), separators=(",", ":"))
