@@ -284,6 +284,117 @@ def test_a_function_added_to_a_shared_module_keeps_its_users_resolved_calls(tree
             assert ("eval.py", "BN001") in {(name, code) for name, code, _ in warm}
 
 
+BLOCKS = "import torch.nn as nn\n\n\ndef block(x, momentum):\n    return nn.BatchNorm2d(8, momentum=momentum)(x)\n"
+
+
+def test_a_file_that_added_functions_cannot_reach_keeps_its_findings_unread(tree, monkeypatch):
+    """Functions added to a module that nothing names change another file's project context
+    only where their calls attach callers: train.py's key changes with the module's summary,
+    but its context is not even computed (its key with the summaries as they were is the
+    one its findings were stored under); another call into blocks.py (which layers.py
+    called before: the module graph is the same) computes blocks.py's; a function that
+    eval.py calls computes every user's. Warm equals cold each time."""
+    import bnfix.project.view as view
+
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
+                 "models/blocks.py": BLOCKS,
+                 "models/layers.py": WRAPPER.format(passed="trainable")
+                 + "\nfrom models import blocks\n\n\ndef base(x):\n    return blocks.block(x, 0.1)\n",
+                 "train.py": TRAIN, "eval.py": CALLS_HELPER})
+    hour_ago = _age(root)
+    checked = _record_checks(root, monkeypatch)
+    read: list[str] = []  # the modules whose project context is computed
+    original = view.file_context
+
+    def recording(index, module_id, *args):  # type: ignore[no-untyped-def]
+        read.append(module_id)
+        return original(index, module_id, *args)
+
+    monkeypatch.setattr(view, "file_context", recording)
+
+    def findings(**options) -> list[tuple[str, str, int]]:
+        return sorted((Path(d.path).name, d.code, d.span.start.row)
+                      for d in _lint(root, **options).remaining)
+
+    findings()
+    layers = root / "models" / "layers.py"
+    steps = [("\n\ndef frozen_bn(x):\n    return bn(x, True, False)\n", ["models.layers"]),
+             ("\n\ndef shaped(x):\n    return blocks.block(x, 0.9)\n",
+              ["models.blocks", "models.layers"]),
+             ("\n\ndef helper(x):\n    return bn(x, True, False)\n",
+              ["eval", "models.blocks", "models.layers", "train"])]
+    for step, (added, contexts) in enumerate(steps, start=1):
+        read.clear()
+        checked.clear()
+        layers.write_text(layers.read_text() + added)
+        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
+        warm = findings()
+        warm_read, warm_checked = sorted(set(read)), sorted(checked)
+        assert warm == findings(cache=False)
+        assert warm_read == contexts, step
+        assert "train.py" not in warm_checked and "models/layers.py" in warm_checked
+        read.clear()
+        assert findings() == warm and read == []  # the new keys were kept
+
+
+def test_a_function_added_to_a_shared_module_keeps_its_users_name_search(tree, monkeypatch):
+    """The name search (which names make a file worth summarising) keeps the parts of the
+    modules that reach an edited one when the edit only added functions that nothing else
+    names: a new BN builder (its own part is computed again; see `added_functions`). A function that an existing
+    one of the module calls (unresolved before: that function's summary changes), or one
+    that another module calls, changes what reaches BN there: every module that reaches it
+    is searched again. Warm equals cold each time."""
+    import bnfix.project.names as names
+
+    searched: list[str] = []
+    original = names.contributions
+
+    def recording(index, modules, *args):  # type: ignore[no-untyped-def]
+        modules = list(modules)
+        searched.extend(modules)
+        return original(index, modules, *args)
+
+    monkeypatch.setattr(names, "contributions", recording)
+    root, hour_ago, _, findings = _wrapper_project(tree, monkeypatch)
+    (root / "plain.py").write_text("def total(xs):\n    return sum(xs)\n")  # never summarised
+    _age(root)
+    findings()
+    layers = root / "models" / "layers.py"
+    users = ["eval", "models.layers", "train"]
+    # `apply_it` calls a name nothing binds yet: a silent function, no search at all; once
+    # `later` is defined, the call resolves (apply_it's summary changes)
+    steps = [("\n\ndef bn_frozen(x):\n    return bn(x, True, trainable=False)\n", ["models.layers"]),
+             ("\n\ndef apply_it(x):\n    return later(x)\n", []),
+             ("\n\ndef later(x):\n    return bn(x, True, trainable=False)\n", users),
+             ("\n\ndef helper(x):\n    return bn(x, True)\n", users)]
+    for step, (added, expected) in enumerate(steps, start=1):
+        searched.clear()
+        layers.write_text(layers.read_text() + added)
+        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
+        warm = findings()
+        warm_searched = sorted(searched)
+        assert warm == findings(cache=False)
+        assert warm_searched == expected
+
+
+def test_added_functions_tell_an_edit_that_only_adds_functions_nothing_else_names() -> None:
+    from bnfix.project.store import added_functions
+
+    def text(*functions: str, imports: dict[str, str] | None = None) -> str:
+        return json.dumps({"format": 1, "digest": "-", "imports": imports or {}, "functions": [
+            [name, name, None, [1, 0], [], [], [[c, [2, 0], {}, False, False, [], [], None]
+                                               for c in calls], [], []]
+            for name, *calls in (f.split(":") for f in functions)]})
+
+    before = text("bn", "model:bn")
+    assert added_functions(before, text("bn", "model:bn", "extra:bn")) == ["extra"]
+    assert added_functions(before, text("bn")) is None  # a function removed
+    assert added_functions(text("bn", "model:later"), text("bn", "model:later", "later")) is None
+    assert added_functions(before, text("bn:other", "model:bn")) is None  # a body changed
+    assert added_functions(before, text("bn", "model:bn", imports={"np": "numpy"})) is None
+    assert added_functions(before, "{") is None and added_functions("[]", before) is None
+
+
 def test_findings_made_against_the_same_project_context_stand(tree, monkeypatch):
     """An edit that changes a shared module's summary changes the key of every file that
     reaches it; a file is checked again only when what its check reads of the project (its

@@ -278,9 +278,16 @@ def test_the_name_search_after_an_edit_recomputes_what_reaches_it_and_equals_a_w
 
     check_paths([project], cache=True)
     assert "data.augment" in set().union(*computed)
-    # a second wrapper in the model file: its users' parts again, never data.augment's
+    # a second wrapper in the model file that nothing calls: its part alone (its users'
+    # parts cannot see a function they do not name); one that models/__init__.py re-exports:
+    # its users' parts again, never data.augment's
     again = edit("models/layers.py", (project / "models/layers.py").read_text()
                  + "\n\ndef bn_only(x):\n    return tf.layers.batch_normalization(x)\n")
+    assert again == {"models.layers"}
+    (project / "models/__init__.py").write_text("from .layers import conv_bn as cb\n"
+                                                "from .layers import bn_twice as b2\n")
+    again = edit("models/layers.py", (project / "models/layers.py").read_text()
+                 + "\n\ndef bn_twice(x):\n    return bn_only(bn_only(x))\n")
     assert {"models.layers", "models.net", "models"} <= again and "data.augment" not in again
     # utils.misc starts to reach BN: `helper` becomes a name, and scripts/run.py, which calls
     # it, is found by the search, summarised and checked: the False it passes freezes the BN

@@ -73,13 +73,14 @@ def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
 
 
 def stale(digests: Mapping[str, str], known: Mapping[str, Contribution],
-          forward: Mapping[str, Iterable[str]]) -> set[str]:
+          forward: Mapping[str, Iterable[str]], kept: Iterable[str] = ()) -> set[str]:
     """The modules whose known contribution may be out of date: those whose summary is new,
     changed or gone, and every module that reaches one of them (over `forward`, each
-    module's direct dependencies)."""
+    module's direct dependencies) but for `kept`: changed modules whose change no other
+    module's contribution can see (functions added that nothing names)."""
     changed = {m for m, d in digests.items() if m not in known or known[m].digest != d}
     changed |= {m for m in known if m not in digests}
-    return reaching(changed, forward)
+    return reaching(changed - set(kept), forward) | changed
 
 
 def to_text(parts: Mapping[str, Contribution]) -> str:

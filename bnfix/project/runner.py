@@ -25,6 +25,7 @@ from bnfix.cache import Cache, Entry
 from bnfix.engine import Engine
 from bnfix.findings import Applicability, Diagnostic, FileResult
 from bnfix.project.graph import (
+    CALLER_LEVELS,
     cone_keys,
     digest_of,
     module_edges,
@@ -35,6 +36,8 @@ from bnfix.project.graph import (
 from bnfix.project.modules import ModuleMap, ModuleRef
 from bnfix.project.store import (
     SummaryStore,
+    added_functions,
+    called_by,
     outline,
     outline_digest,
     resolution_face,
@@ -268,8 +271,14 @@ class ProjectRunner:
         if known is None and meta.get("names_scope") == self._scope:
             known = name_search.from_text(meta.get("name_parts", ""))
         forward = self._known_edges(plans, index) if known else None
-        redo = set(self.store) if forward is None or known is None else \
-            name_search.stale(self.store.digests, known, forward)
+        if forward is None or known is None:
+            redo = set(self.store)
+        else:  # a module that only gained functions nothing names: its users' parts stand
+            added = self._additions(plans, forward) or {}
+            redo = name_search.stale(self.store.digests, known, forward, {
+                p.ref.module_id for p in plans if p.ref.module_id in added and
+                p.previous is not None and (part := known.get(p.ref.module_id)) is not None
+                and part.digest == p.previous.summary_digest})
         kept = {m: c for m, c in (known or {}).items() if m not in redo and m in self.store}
         parts = {**kept, **name_search.contributions(index, sorted(redo), self.store.digests,
                                                      kept)}
@@ -371,13 +380,8 @@ class ProjectRunner:
         known = {m: edges for m, (edges, _) in cached.items()}
         renamed = self._renamed(plans)
         stale = reaching(changed - renamed.keys(), known)
-        if renamed:
-            names = set().union(*renamed.values())
-            texts = {p.ref.module_id: p.entry.summary for p in plans
-                     if p.ref.module_id in cached and p.entry is not None}
-            users = reaching(set(renamed), known) - stale - renamed.keys()
-            if any(texts.get(m) is None or any(n in texts[m] for n in names) for m in users):
-                stale |= reaching(set(renamed), known)
+        if renamed and _named_by_users(plans, renamed, known, stale):
+            stale |= reaching(set(renamed), known)
         forward: dict[str, list[str]] = {}
         callees: dict[str, frozenset[tuple[str, str]]] = {}
         for plan in plans:
@@ -393,6 +397,62 @@ class ProjectRunner:
             forward[module] = links[0]
             callees[module] = frozenset((m, q) for m, q in links[1])
         return forward, callees
+
+    def _additions(self, plans: list[Plan], forward: dict[str, list[str]]
+                   ) -> dict[str, list[str]] | None:
+        """When every module whose summary's digest changed in this run only gained functions
+        that nothing names (`added_functions`, and no module that reaches it mentions one),
+        those functions by module; else None. Such functions change no other module's
+        resolution, reach or name search: only what their own calls attach as callers."""
+        found: dict[str, list[str]] = {}
+        for plan in plans:
+            previous, entry = plan.previous, plan.entry
+            if plan.done is None or not plan.summarised or (
+                    previous is not None and entry is not None
+                    and previous.summary_digest == entry.summary_digest):
+                continue  # not summarised again, or to the same digest
+            if previous is None or previous.summary is None or entry is None or \
+                    entry.summary is None:
+                return None
+            added = added_functions(previous.summary, entry.summary)
+            if added is None:
+                return None
+            found[plan.ref.module_id] = added
+        named = {module: called_by(added) for module, added in found.items()}
+        return None if _named_by_users(plans, named, forward, set()) else found
+
+    def _earlier_keys(self, plans: list[Plan], forward: dict[str, list[str]],
+                      callers: dict[str, set[str]], extras: dict[str, str]) -> dict[str, str]:
+        """The keys that files a change in this run cannot reach had before it, by module.
+        When every changed summary only gained functions that nothing names (`_additions`),
+        another file's project context changes only where the new functions' calls attach
+        callers: the modules of the functions they call, and of those these call
+        (CALLER_LEVELS deep). Any other file whose key, with the summaries as they were,
+        is the one its findings were stored under was checked against a context that is
+        still its own."""
+        added = self._additions(plans, forward)
+        if not added:
+            return {}
+        index = self._current_index()
+        frontier = {(m, q) for m, qualnames in added.items() for q in qualnames}
+        seen = set(frontier)
+        for _ in range(CALLER_LEVELS):  # the functions the new ones call, and those call...
+            called: set[tuple[str, str]] = set()
+            for module, qualname in frontier:
+                function = index.function(module, qualname)
+                if function is not None:
+                    called.update(t.key for call in function.calls
+                                  for t in index.targets(module, call.target))
+            frontier = called - seen
+            seen |= frontier
+        reached = {m for m, _ in seen}
+        digests = dict(self.store.digests)
+        for plan in plans:
+            if plan.ref.module_id in added and plan.previous is not None and \
+                    plan.previous.summary_digest is not None:
+                digests[plan.ref.module_id] = plan.previous.summary_digest
+        return cone_keys(forward, callers, digests,
+                         {m: extra for m, extra in extras.items() if m not in reached})
 
     @staticmethod
     def _renamed(plans: list[Plan]) -> dict[str, set[str]]:
@@ -421,9 +481,10 @@ class ProjectRunner:
         callers = reverse({module: sorted({m for m, _ in callees.get(module, ())})
                            for module in forward})
         everywhere = self._project_facts()
-        keys = cone_keys(forward, callers, self.store.digests, {
-            p.ref.module_id: everywhere + _callees_text(callees, p.ref.module_id)
-            for p in plans if p.reported and p.summarised})
+        extras = {p.ref.module_id: everywhere + _callees_text(callees, p.ref.module_id)
+                  for p in plans if p.reported and p.summarised}
+        keys = cone_keys(forward, callers, self.store.digests, extras)
+        earlier: dict[str, str] | None = None  # computed when a file's key changed
         waiting: dict[str, tuple[Plan, str]] = {}
         for plan in (p for p in plans if p.reported):
             if plan.done is not None and plan.done.note:
@@ -484,7 +545,12 @@ class ProjectRunner:
         for plan, consulted in list(waiting.values()):
             if plan.summarised and plan.entry is not None and plan.entry.findings is not None \
                     and plan.entry.findings.context:
-                cached = self._cached(plan, consulted, context(plan)[1])
+                if earlier is None:
+                    earlier = self._earlier_keys(plans, forward, callers, extras)
+                # a file the change cannot reach keeps the context it was checked against
+                same = earlier.get(plan.ref.module_id) == plan.entry.findings.consulted
+                cached = self._cached(plan, consulted, plan.entry.findings.context if same
+                                      else context(plan)[1])
                 if cached is not None:
                     del waiting[plan.absolute]
                     yield cached
@@ -589,6 +655,20 @@ def _code_names(text: str) -> set[str]:
 def _failed(plan: Plan) -> bool:
     return plan.done is not None and (plan.done.error is not None or plan.done.note is not None
                                       or plan.done.internal is not None)
+
+
+def _named_by_users(plans: list[Plan], changed: dict[str, set[str]],
+                    forward: dict[str, list[str]], redone: set[str]) -> bool:
+    """Whether a module that reaches one of `changed` (modules, and the names of functions
+    they gained or lost) and is not in `redone` may name one of those functions: its summary's
+    text holds the name (a superset of the calls and imports naming it), or it has no text."""
+    names = set().union(*changed.values())
+    if not names:
+        return False
+    texts = {p.ref.module_id: p.entry.summary for p in plans
+             if p.entry is not None and p.entry.summary is not None}
+    users = reaching(set(changed), forward) - redone - changed.keys()
+    return any(texts.get(m) is None or any(n in texts[m] for n in names) for m in users)
 
 
 def _callees_text(callees: dict[str, frozenset[tuple[str, str]]], module: str) -> str:

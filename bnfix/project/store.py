@@ -135,5 +135,30 @@ def resolution_face(text: str) -> tuple[str, dict[str, str | None]] | None:
         return None
 
 
+def added_functions(before: str, after: str) -> list[str] | None:
+    """The functions a summary's JSON text `after` adds to `before` (qualnames), when that is
+    all it changes and nothing else in the module names them (so the module's other calls
+    resolve, and its other functions reach, as before); None otherwise (a function removed
+    or changed, anything else changed, a corrupt text)."""
+    try:
+        old, new = json.loads(before), json.loads(after)
+        old_functions = {item[0]: item for item in old.pop("functions")}
+        new_functions = {item[0]: item for item in new.pop("functions")}
+        old.pop("digest")
+        new.pop("digest")
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+    added = sorted(new_functions.keys() - old_functions.keys())
+    if old != new or any(new_functions.get(q) != item for q, item in old_functions.items()):
+        return None
+    rest = json.dumps([old, list(old_functions.values())])
+    return None if any(name in rest for name in called_by(added)) else added
+
+
+def called_by(qualnames: list[str]) -> set[str]:
+    """The names a call of these functions can be written with: each part of their qualnames."""
+    return {part for q in qualnames for part in q.split(".") if part != "<locals>"}
+
+
 def summary_text(summary: ModuleSummary) -> str:
     return json.dumps(summary.to_data(), separators=(",", ":"))
