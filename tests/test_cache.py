@@ -238,9 +238,31 @@ def test_a_silent_helper_added_to_a_shared_module_rechecks_that_module_alone(tre
         assert warm_linked == relinked
 
 
+def _appended(module: Path, hour_ago: int, findings, recorded: list[str],  # type: ignore[no-untyped-def]
+              steps: list[tuple[str, list[str]]], checked: list[str] | None = None):
+    """Each step's text appended to `module` (a second later each time): the warm run's
+    findings must equal a cold run's, and what `recorded` records in the warm run (modules)
+    must be the step's list; yields the text and the warm findings (`checked`: the files
+    the warm run checked, as they stand then)."""
+    for step, (added, expected) in enumerate(steps, start=1):
+        recorded.clear()
+        if checked is not None:
+            checked.clear()
+        module.write_text(module.read_text() + added)
+        os.utime(module, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
+        warm = findings()
+        seen = sorted(set(recorded))
+        warm_checked = list(checked or ())
+        assert warm == findings(cache=False)
+        assert seen == expected, step
+        if checked is not None:
+            checked[:] = warm_checked
+        yield added, warm
+
+
 def _record_links(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
     """The modules whose edges and resolved calls the run computes (not from the cache)."""
-    import bnfix.project.runner as runner
+    from bnfix.project import runner
 
     linked: list[str] = []
     original = runner.module_links
@@ -272,14 +294,7 @@ def test_a_function_added_to_a_shared_module_keeps_its_users_resolved_calls(tree
               ["models.layers"]),
              ("\n\nclass Head:\n    def __call__(self, x):\n        return bn(x, True)\n",
               ["eval", "models.layers", "train"])]
-    for step, (added, relinked) in enumerate(steps, start=1):
-        linked.clear()
-        layers.write_text(layers.read_text() + added)
-        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
-        warm = findings()
-        warm_linked = sorted(linked)
-        assert warm == findings(cache=False)
-        assert warm_linked == relinked
+    for added, warm in _appended(layers, hour_ago, findings, linked, steps):
         if added.startswith("\n\ndef helper"):  # the new call in eval.py freezes a BN
             assert ("eval.py", "BN001") in {(name, code) for name, code, _ in warm}
 
@@ -294,7 +309,7 @@ def test_a_file_that_added_functions_cannot_reach_keeps_its_findings_unread(tree
     one its findings were stored under); another call into blocks.py (which layers.py
     called before: the module graph is the same) computes blocks.py's; a function that
     eval.py calls computes every user's. Warm equals cold each time."""
-    import bnfix.project.view as view
+    from bnfix.project import view
 
     root = tree({"pyproject.toml": "[tool.bnfix]\n", "models/__init__.py": "",
                  "models/blocks.py": BLOCKS,
@@ -323,16 +338,8 @@ def test_a_file_that_added_functions_cannot_reach_keeps_its_findings_unread(tree
               ["models.blocks", "models.layers"]),
              ("\n\ndef helper(x):\n    return bn(x, True, False)\n",
               ["eval", "models.blocks", "models.layers", "train"])]
-    for step, (added, contexts) in enumerate(steps, start=1):
-        read.clear()
-        checked.clear()
-        layers.write_text(layers.read_text() + added)
-        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
-        warm = findings()
-        warm_read, warm_checked = sorted(set(read)), sorted(checked)
-        assert warm == findings(cache=False)
-        assert warm_read == contexts, step
-        assert "train.py" not in warm_checked and "models/layers.py" in warm_checked
+    for _, warm in _appended(layers, hour_ago, findings, read, steps, checked):
+        assert "train.py" not in checked and "models/layers.py" in checked
         read.clear()
         assert findings() == warm and read == []  # the new keys were kept
 
@@ -344,7 +351,7 @@ def test_a_function_added_to_a_shared_module_keeps_its_users_name_search(tree, m
     one of the module calls (unresolved before: that function's summary changes), or one
     that another module calls, changes what reaches BN there: every module that reaches it
     is searched again. Warm equals cold each time."""
-    import bnfix.project.names as names
+    from bnfix.project import names
 
     searched: list[str] = []
     original = names.contributions
@@ -367,14 +374,8 @@ def test_a_function_added_to_a_shared_module_keeps_its_users_name_search(tree, m
              ("\n\ndef apply_it(x):\n    return later(x)\n", []),
              ("\n\ndef later(x):\n    return bn(x, True, trainable=False)\n", users),
              ("\n\ndef helper(x):\n    return bn(x, True)\n", users)]
-    for step, (added, expected) in enumerate(steps, start=1):
-        searched.clear()
-        layers.write_text(layers.read_text() + added)
-        os.utime(layers, ns=(hour_ago + step * 10**9, hour_ago + step * 10**9))
-        warm = findings()
-        warm_searched = sorted(searched)
-        assert warm == findings(cache=False)
-        assert warm_searched == expected
+    for _ in _appended(layers, hour_ago, findings, searched, steps):
+        pass
 
 
 def test_added_functions_tell_an_edit_that_only_adds_functions_nothing_else_names() -> None:
@@ -630,7 +631,7 @@ def test_a_run_without_the_cache_digests_no_context(tree, monkeypatch):
     """The contexts' digests are for the cache alone: `--no-cache` computes none."""
     from bnfix.project.view import FileContext
 
-    root, _, checked, findings = _wrapper_project(tree, monkeypatch)
+    _, _, checked, findings = _wrapper_project(tree, monkeypatch)
     digests: list[str] = []
     original = FileContext.digest
     monkeypatch.setattr(FileContext, "digest", lambda self: digests.append(self.path) or
