@@ -2,10 +2,12 @@
 then its model file (the one `bench/run.py` edits) gets a TF1 BN wrapper and a torch BN class
 (conv with bias + BN); another file gets a function that loads trained weights (a mark every
 file's check reads: it turns the class's BN104 fix display-only) and is restored;
-the model file gets a plain function, then its first BN-building function is hidden behind
-a `*args` wrapper of the same name (what every caller's check reads of it changes: their
-cached findings must not stand), and it is restored. After each edit the cached
-(incremental) run's findings, fixes included, must equal a `--no-cache` run's.
+the model file gets a plain function and one that calls its first BN-building function (a
+function added that nothing else names: the other files keep their contexts unread), then
+that BN-building function is hidden behind a `*args` wrapper of the same name (what every
+caller's check reads of it changes: their cached findings must not stand), and it is
+restored. After each edit the cached (incremental) run's findings, fixes included, must
+equal a `--no-cache` run's.
 
     python bench/warm_cold.py ~/corpus/timm ~/corpus/tpu ...
 
@@ -95,6 +97,9 @@ def main() -> int:
                           ("removed", lambda: elsewhere.write_text(before))]
             name = builder(original)
             if name is not None:
+                calls = f"\n\ndef _bench_calls(*args):\n    return {name}(*args)\n"
+                steps.append(("calls builder", lambda calls=calls: target.write_text(
+                    target.read_text() + calls)))
                 text = wrapped(original, name)
                 steps.append(("wrapped builder", lambda text=text: target.write_text(text)))
             steps.append(("restored", lambda: target.write_text(original)))
