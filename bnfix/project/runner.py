@@ -114,6 +114,9 @@ class ProjectRunner:
         # the index of the store as it is (built on first need, dropped when summaries are
         # added: the name search's and the checking step's are one when none came between)
         self._index: ProjectIndex | None = None
+        # `added_functions` of a module's cached and new summary texts (the name search and
+        # the checking step both ask; each parses the two texts)
+        self._added: dict[str, tuple[str, str, list[str] | None]] = {}
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -414,7 +417,12 @@ class ProjectRunner:
             if previous is None or previous.summary is None or entry is None or \
                     entry.summary is None:
                 return None
-            added = added_functions(previous.summary, entry.summary)
+            known = self._added.get(plan.ref.module_id)
+            if known is None or known[0] is not previous.summary or known[1] is not entry.summary:
+                known = self._added[plan.ref.module_id] = (
+                    previous.summary, entry.summary,
+                    added_functions(previous.summary, entry.summary))
+            added = known[2]
             if added is None:
                 return None
             found[plan.ref.module_id] = added
@@ -470,8 +478,7 @@ class ProjectRunner:
                 continue
             old, new = before[1], after[1]
             if all(old[q] == new[q] for q in old.keys() & new.keys()):
-                found[plan.ref.module_id] = {part for q in old.keys() ^ new.keys()
-                                             for part in q.split(".") if part != "<locals>"}
+                found[plan.ref.module_id] = called_by(old.keys() ^ new.keys())
         return found
 
     def _check(self, plans: list[Plan], scope: str) -> Iterator[FileResult]:

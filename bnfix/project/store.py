@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def added_functions(before: str, after: str) -> list[str] | None:
     return None if any(name in rest for name in called_by(added)) else added
 
 
-def called_by(qualnames: list[str]) -> set[str]:
+def called_by(qualnames: Iterable[str]) -> set[str]:
     """The names a call of these functions can be written with: each part of their qualnames."""
     return {part for q in qualnames for part in q.split(".") if part != "<locals>"}
 
