@@ -149,8 +149,10 @@ def discover(
     extend_exclude: list[str],
     respect_gitignore: bool = True,
     force_exclude: bool = False,
+    walked: list[Path] | None = None,
 ) -> Iterator[Candidate]:
-    """Python files under `paths`, in a stable order, each once."""
+    """Python files under `paths`, in a stable order, each once. `walked`, when given, is
+    appended with each folder walked (absolute): a later walk of it would find nothing new."""
     patterns = list(DEFAULT_EXCLUDE if exclude is None else exclude) + list(extend_exclude)
     base = _Ignores(_Exclude(patterns, root.resolve()), [])
     seen: set[Path] = set()
@@ -168,6 +170,8 @@ def discover(
         ignores = _ancestor_ignores(absolute, base, respect_gitignore)
         if force_exclude and (ignores.ignored(absolute, True) or base.exclude.covers(absolute)):
             continue
+        if walked is not None:
+            walked.append(absolute)
         yield from _walk(given, absolute, ignores, respect_gitignore, seen)
 
 
@@ -180,17 +184,19 @@ def _walk(shown: Path, folder: Path, ignores: _Ignores, respect: bool,
         return
     subdirs = []
     for entry in entries:
-        path = folder / entry.name
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
             is_link = not is_dir and entry.is_symlink()
         except OSError:
             continue
+        if not is_dir and not entry.name.endswith(PYTHON_SUFFIXES):
+            continue  # most entries of a real tree (data, docs, binaries): no path object made
+        path = folder / entry.name
         if is_dir:
             if not ignores.ignored(path, True):
                 subdirs.append(entry.name)
             continue
-        if not entry.name.endswith(PYTHON_SUFFIXES) or ignores.ignored(path, False):
+        if ignores.ignored(path, False):
             continue
         if path not in seen:
             seen.add(path)

@@ -182,7 +182,8 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
         if paths else Path.cwd()
     outside = _Outside(root)
     reported = []
-    for candidate in walk(paths, force_exclude=options.force_exclude):
+    walked: list[Path] = []
+    for candidate in walk(paths, force_exclude=options.force_exclude, walked=walked):
         if outside(candidate):
             outcome.errors.append(f"{candidate.path}: skipped: a symbolic link to a file outside "
                                   f"{root} (name it on the command line to check it)")
@@ -195,7 +196,11 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
         outcome.warnings.append("No Python files found under the given path(s)")
     if not paths:
         return outcome
-    scope = [str(c.path) for c in walk([root]) if not outside(c)] if options.project else []
+    # the project's files: those of the walk of its root, unless that walk was the one above
+    # (`bnfix check .`: the walk is a tenth of a warm run on a tree of 15,000 entries)
+    covered = Path(os.path.abspath(root)) in walked
+    scope = [str(c.path) for c in walk([root]) if not outside(c)] \
+        if options.project and not covered else []
     show = options.progress if options.progress is not None else stderr.isatty()
     progress = _Progress(stderr, show)
     fixing = options.fix or options.diff
