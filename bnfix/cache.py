@@ -12,9 +12,10 @@ and the targets: a changed rule implementation never serves stale findings.
 The cache is plain JSON, never pickle: a cache file that came with a repository cannot run
 code. It is JSON lines: a header (format, meta), then one line per file, so that a run writes
 again only the entries it changed and copies the others' lines as it read them (re-encoding
-every summary cost more than the rest of a warm run after an edit). A malformed entry (or
-header) is ignored, never trusted. What is stored is what was
-analysed: the file is stat-ed before it is read, so an edit saved during the run is seen as a
+every summary cost more than the rest of a warm run after an edit); a line's summary, itself
+compact JSON, follows its fields after a tab (kept as text: parsed only when consulted). A
+malformed entry (or header) is ignored, never trusted. What is stored is what was analysed: the
+file is stat-ed before it is read, so an edit saved during the run is seen as a
 change by the next run. A file's modification time has a coarse clock on some systems (one
 tick, up to 2 s on FAT): an edit saved within that tick of the read would keep the size and the
 time. So, as git does with its index, an entry whose time is that close to the run is stored
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from bnfix.config import Settings
 
 CACHE_DIR = ".bnfix_cache"
-FORMAT = 6
+FORMAT = 7
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
 RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
@@ -202,12 +203,15 @@ class Cache:
         self.meta = {k: v for k, v in meta.items() if isinstance(v, str)} \
             if isinstance(meta, dict) else {}
         for line in lines[1:]:
+            record, tab, summary = line.partition("\t")
             try:
-                item = json.loads(line) if line else None
+                item = json.loads(record) if record else None
             except (ValueError, RecursionError):
                 continue
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], dict)):
                 continue
+            item[1]["summary"] = summary if tab else None
             entry = _entry(item[1])
             if entry is not None:
                 self.entries[item[0]] = entry
@@ -278,8 +282,7 @@ class Cache:
             lines = [json.dumps({"format": FORMAT, "meta": self.meta}, separators=(",", ":"))]
             for name, entry in self.entries.items():
                 line = self._lines.get(name) if name not in self.changed else None
-                lines.append(line if line is not None else
-                             json.dumps([name, _data(entry, racy)], separators=(",", ":")))
+                lines.append(line if line is not None else _line(name, entry, racy))
             write_text(self.path, "\n".join(lines) + "\n")
         except OSError:
             return  # a read-only checkout: run without a cache rather than fail
@@ -322,6 +325,17 @@ def write_text(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _line(name: str, entry: Entry, racy_ns: int) -> str:
+    """An entry's line: its fields as JSON, then its summary's text after a tab. The summary
+    is compact JSON already (no tab, no line break: JSON escapes them in strings); kept as a
+    JSON string it was escaped on every write and unescaped on every load, half of a warm
+    run's reading of the cache."""
+    data = _data(entry, racy_ns)
+    summary = data.pop("summary")
+    record = json.dumps([name, data], separators=(",", ":"))
+    return record if summary is None else f"{record}\t{summary}"
 
 
 def _data(entry: Entry, racy_ns: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import run_bnfix
 
-from bnfix.cache import FORMAT
+from bnfix.cache import FORMAT, Cache
 from bnfix.lint import LintOptions, lint_paths, prepare
 
 BUGGY = "import torch.nn as nn\nbn = nn.BatchNorm2d(8, momentum=0.9)\n"
@@ -67,18 +67,55 @@ def test_a_corrupt_or_hostile_cache_is_ignored(tree):
     (cache_file,) = (root / ".bnfix_cache").glob("*.jsonl")
     head, *lines = cache_file.read_text().splitlines()
     assert json.loads(head)["format"] == FORMAT
-    assert [json.loads(line)[0] for line in lines] == [os.path.realpath(root / "a.py")]
+    # each line: the entry's fields as JSON, then its summary's own JSON after a tab
+    records = [line.split("\t") for line in lines]
+    assert [json.loads(fields)[0] for fields, _ in records] == [os.path.realpath(root / "a.py")]
+    assert all(json.loads(summary) for _, summary in records)
     cache_file.write_bytes(b"\x80\x04\x95 not json: a pickle would run code here")
     assert [d.code for d in _lint(root).remaining] == ["BN008"]
     cache_file.write_text('{"format": 1, "files": {"x": {"bogus": 1}}}')
     assert [d.code for d in _lint(root).remaining] == ["BN008"]
     # a right header with entries that are not: each is ignored, the good one is used
     good = lines[0]
-    cache_file.write_text("\n".join([head, "[1, 2]", "{not json", "[" * 100000, '["x", {}]',
-                                     good, ""]))
+    fields, summary = good.split("\t")
+    as_before = json.loads(fields)
+    as_before[1]["summary"] = summary  # format 6: the summary as a JSON string in the fields
+    no_summary = fields  # its summary's digest without the summary
+    bad = ["[1, 2]", "{not json", "[" * 100000, '["x", {}]', json.dumps(as_before), no_summary,
+           '["x", []]\t{}', fields.replace('"summary_digest":"', '"summary_digest":null,"x":"')
+           + "\t" + summary]
+    for line in bad:
+        cache_file.write_text(f"{head}\n{line}\n")
+        assert Cache(root, cache_file.stem, cache_file.parent).entries == {}, line[:80]
+    cache_file.write_text(f"{head}\n{good}\n")
+    (entry,) = Cache(root, cache_file.stem, cache_file.parent).entries.values()
+    assert entry.summary == summary
+    cache_file.write_text("\n".join([head, *bad, good, ""]))
     result = _lint(root)
     assert [d.code for d in result.remaining] == ["BN008"]
     assert [r.unchanged for r in result.results] == [True]  # served from the good line
+
+
+def test_summaries_with_tabs_and_line_breaks_round_trip(tree):
+    """A summary follows its entry's fields after a tab: the source's tabs and line breaks
+    (in names, strings, defaults) stay escaped inside it and the next run reads it back."""
+    wrapper = ('import tensorflow as tf\n\n\ndef bn(x, is_training, scope="a\\tb\\nc", '
+               'trainable=True):\n    return tf.compat.v1.layers.batch_normalization(\n'
+               '        x, training=is_training,\tname=scope, trainable=trainable)\n')
+    user = ("from layers import bn\n\n\ndef net(x):\n"
+            "    return bn(x, is_training=True, scope='tab\\there', trainable=False)\n")
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "layers.py": wrapper, "net.py": user})
+    _age(root)
+    cold = [(d.path, d.code, d.span) for d in _lint(root, cache=False).remaining]
+    assert [c for _, c, _ in cold] == ["BN001"]
+    _lint(root)
+    (cache_file,) = (root / ".bnfix_cache").glob("*.jsonl")
+    _, *lines = cache_file.read_text().splitlines()
+    assert len(lines) == 2 and all(line.count("\t") == 1 for line in lines)
+    assert any("\\t" in line.split("\t")[1] for line in lines)  # escaped in the summary
+    warm = _lint(root)
+    assert [(d.path, d.code, d.span) for d in warm.remaining] == cold
+    assert all(r.unchanged for r in warm.results)
 
 
 def test_no_cache_flag_writes_nothing(tree):
@@ -620,7 +657,8 @@ def test_project_contexts_are_written_the_same_by_every_process(tmp_path):
             shutil.rmtree(root / ".bnfix_cache", ignore_errors=True)
             run_bnfix("check", ".", cwd=root, env={"PYTHONHASHSEED": seed})
             (cache,) = (root / ".bnfix_cache").glob("*.jsonl")
-            files = [json.loads(line) for line in cache.read_text().splitlines()[1:]]
+            files = [json.loads(line.partition("\t")[0])  # the fields, then the summary
+                     for line in cache.read_text().splitlines()[1:]]
             stored.append({Path(path).name: entry["findings"]["context"]
                            for path, entry in files if entry["findings"]})
         assert stored[0] == stored[1]
