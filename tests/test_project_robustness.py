@@ -354,3 +354,25 @@ def test_the_project_root_is_walked_once(tmp_path: Path, monkeypatch):
     assert [(Path(d.path).name, d.span.start.row) for d in report.remaining] == [("train.py", 3)]
     assert walks.count(".") == 1 and walks.count("scripts") == 2
 
+
+def test_module_ids_are_dotted_paths_from_the_project_root(tmp_path: Path):
+    """A file's module id is its dotted path from the root; a file outside the root (named on
+    the command line: a sibling folder whose name starts like the root's, a parent's file)
+    keeps its import name; names that are not identifiers make no dotted path."""
+    from bnfix.project.modules import ModuleMap
+
+    files = ["proj/pkg/__init__.py", "proj/pkg/net.py", "proj/tools/run.py", "proj/my-tool.py",
+             "projx/pkg/__init__.py", "projx/pkg/other.py", "top.py"]
+    write_tree(tmp_path, {name: "" for name in files})
+    modules = ModuleMap.build([tmp_path / name for name in files], tmp_path / "proj")
+    names = {Path(p).relative_to(tmp_path).as_posix(): (m.name, m.import_name)
+             for p, m in modules.by_path.items()}
+    assert names == {"proj/pkg/__init__.py": ("pkg", "pkg"),
+                     "proj/pkg/net.py": ("pkg.net", "pkg.net"),
+                     "proj/tools/run.py": ("tools.run", "run"),
+                     "proj/my-tool.py": ("my-tool", "my-tool"),
+                     "projx/pkg/__init__.py": ("pkg", "pkg"),
+                     "projx/pkg/other.py": ("pkg.other", "pkg.other"), "top.py": ("top", "top")}
+    # a namespace folder under the root resolves to its dotted path
+    found = modules.resolve("tools.run", None)
+    assert found is not None and found[0].name == "tools.run"
