@@ -222,7 +222,8 @@ class Cache:
         return os.path.abspath(path)  # not realpath: resolving links costs a stat per component
 
     def get(self, path: str | Path) -> Entry | None:
-        return self.changed.get(self.name(path)) or self.entries.get(self.name(path))
+        name = self.name(path)
+        return self.changed.get(name) or self.entries.get(name)
 
     def fresh(self, path: str | Path, context: str) -> Entry | None:
         """The entry for `path` when its size and mtime still match (then the file need not

@@ -39,18 +39,35 @@ def _is_package(folder: str, files: set[str]) -> bool:
     return os.path.join(folder, INIT) in files
 
 
-def module_name(path: str, files: set[str]) -> tuple[str, str]:
-    """The import (name, root) of the file at absolute `path`: its package chain."""
+def module_name(path: str, files: set[str],
+                packages: dict[str, tuple[str, str]] | None = None) -> tuple[str, str]:
+    """The import (name, root) of the file at absolute `path`: its package chain.
+    `packages`: each folder's (dotted name, root) found so far (a tree's files share them)."""
     folder, base = os.path.split(path)
     stem = base.rsplit(".", 1)[0]
-    parts = [] if stem == "__init__" else [stem]
-    while _is_package(folder, files):
+    package, root = _package(folder, files, {} if packages is None else packages)
+    if stem == "__init__":
+        return package, root
+    return (f"{package}.{stem}" if package else stem), root
+
+
+def _package(folder: str, files: set[str], known: dict[str, tuple[str, str]]
+             ) -> tuple[str, str]:
+    """The dotted name of `folder` as a package ("" when it is not one) and its root (found
+    going up without recursion: a hostile tree nests folders thousands deep)."""
+    chain: list[tuple[str, str]] = []  # (folder, name) of packages not yet known, deepest first
+    while folder not in known:
         parent, name = os.path.split(folder)
-        if parent == folder:
+        if parent == folder or not _is_package(folder, files):
+            known[folder] = ("", folder)
             break
-        parts.append(name)
+        chain.append((folder, name))
         folder = parent
-    return ".".join(reversed(parts)), folder
+    above, root = known[folder]
+    for below, name in reversed(chain):
+        above = f"{above}.{name}" if above else name
+        known[below] = (above, root)
+    return known[chain[0][0]] if chain else known[folder]
 
 
 @dataclass
@@ -79,8 +96,9 @@ class ModuleMap:
                 if parent == folder:
                     break
                 folder = parent
+        packages: dict[str, tuple[str, str]] = {}
         for absolute, given in sorted(shown.items()):
-            import_name, root = module_name(absolute, modules._files)
+            import_name, root = module_name(absolute, modules._files, packages)
             if not import_name:
                 continue
             name = _dotted_from(absolute, modules.project_root) or import_name

@@ -128,7 +128,7 @@ class ProjectRunner:
         shown = {os.path.abspath(p): (p, ignored) for p, ignored in reported}
         plans = []
         for absolute in sorted({*map(os.path.abspath, scope), *shown}):
-            record = modules.of(absolute)
+            record = modules.by_path.get(absolute)  # absolute already: no `of` (abspath)
             ref = ModuleRef(record.name, record.import_name, record.package) if record else \
                 ModuleRef(absolute, "", False)
             context = hashlib.sha256(f"{ref}\n{tops}".encode()).hexdigest()[:20]
