@@ -122,8 +122,8 @@ class ProjectRunner:
 
     def _plans(self, reported: list[tuple[str, frozenset[str]]], scope: list[str],
                modules: ModuleMap) -> list[Plan]:
-        # every file's context digest covers the first-party names; hashed once (on the torch
-        # tree they are 3,000 names: hashing them per file was a tenth of a warm run)
+        # every file's context digest covers the first-party names; hashed once (the torch
+        # tree has 1,746 of them, 24 kB: hashing them per file took 45 ms of a 0.6 s warm run)
         tops = hashlib.sha256(",".join(sorted(modules.first_party_tops())).encode()).hexdigest()
         shown = {os.path.abspath(p): (p, ignored) for p, ignored in reported}
         plans = []

@@ -1,0 +1,118 @@
+"""Two versions of bnfix side by side on the incremental runs: warm with nothing changed, then
+after three edits of the tree's model file (a helper, a function calling the file's first
+function, a BN builder), the versions alternating run by run so that the machine's drift
+(this one has a fast and a slow phase) falls on both alike.
+
+    git worktree add /tmp/before <commit>
+    python bench/ab.py /tmp/before . tree... --repeat 5
+
+Each checkout's `bnfix/` is staged with its `rules/` inside as `bnfix/rules` (as the wheel
+installs them: an editable install would serve the current rules to both), byte-compiled, and
+run with `PYTHONPATH` on its own copy of each tree, the folder's name kept (a package copied
+under another name would be a smaller project), with its own cache folder. Prints the median
+wall time in ms of each run kind."""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from run import model_file
+
+EDITS = {
+    "helper": "\ndef _ab_helper_{i}():\n    pass\n",
+    "calls": "\ndef _ab_calls_{i}(*args):\n    return {called}(*args)\n",
+    "bn": "\ndef _ab_bn_{i}(x):\n    import torch.nn as nn\n    return nn.BatchNorm2d(3)(x)\n",
+}
+
+
+class Version:
+    """One bnfix (the folder holding its package) with its copy of a tree and its cache."""
+
+    def __init__(self, code: Path, tree: Path, work: Path, label: str) -> None:
+        self.code = code
+        self.label = label
+        self.tree = work / label / tree.name
+        shutil.copytree(tree, self.tree, ignore=shutil.ignore_patterns("*.so", "*.pyc",
+                                                                        ".bnfix_cache"))
+        self.cache = work / label / "cache"
+        self.cwd = work / label / "cwd"
+        self.cwd.mkdir()
+
+    def run(self) -> float:
+        env = dict(os.environ, PYTHONPATH=str(self.code))
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "bnfix", "check", str(self.tree), "-q",
+                        "--exit-zero", "--cache-dir", str(self.cache)], env=env, cwd=self.cwd,
+                       stdout=subprocess.DEVNULL, check=True)
+        return time.perf_counter() - start
+
+
+def stage(checkout: Path, target: Path) -> Path:
+    """The checkout's package as installed (rules inside), byte-compiled, under `target`."""
+    package = target / "bnfix"
+    shutil.copytree(checkout / "bnfix", package, ignore=shutil.ignore_patterns("__pycache__"))
+    if (checkout / "rules").is_dir() and not (package / "rules").exists():
+        shutil.copytree(checkout / "rules", package / "rules")
+    compileall.compile_dir(str(package), quiet=1)
+    return target
+
+
+def compare(codes: dict[str, Path], tree: Path, repeat: int) -> dict[str, dict[str, float]]:
+    with tempfile.TemporaryDirectory(prefix="bnfix-ab-") as tmp:
+        versions = [Version(code, tree, Path(tmp), label) for label, code in codes.items()]
+        model = model_file([str(versions[0].tree)])
+        if model is None:
+            raise SystemExit(f"{tree}: no file builds BN: nothing to edit")
+        first = re.search(r"^def (\w+)\(", model.read_text(), re.MULTILINE)
+        called = first.group(1) if first else "print"
+        relative = model.relative_to(versions[0].tree)
+        for version in versions:  # the cache made, then one warm run
+            version.run()
+            version.run()
+        times: dict[str, dict[str, list[float]]] = {
+            v.label: {kind: [] for kind in ["warm", *EDITS]} for v in versions}
+        for i in range(repeat):
+            for version in versions if i % 2 == 0 else versions[::-1]:
+                times[version.label]["warm"].append(version.run())
+                for kind, text in EDITS.items():
+                    with (version.tree / relative).open("a") as out:
+                        out.write(text.format(i=i, called=called))
+                    times[version.label][kind].append(version.run())
+        return {label: {kind: statistics.median(runs) * 1000 for kind, runs in kinds.items()}
+                for label, kinds in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path, help="folder holding the first bnfix package")
+    parser.add_argument("after", type=Path, help="folder holding the second bnfix package")
+    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
+    for label, checkout in checkouts.items():
+        if not (checkout / "bnfix" / "__init__.py").is_file():
+            parser.error(f"{label}: {checkout} holds no bnfix package")
+    with tempfile.TemporaryDirectory(prefix="bnfix-ab-code-") as tmp:
+        codes = {label: stage(checkout, Path(tmp) / label)
+                 for label, checkout in checkouts.items()}
+        print(f"{'tree':<20} {'version':<8} " + " ".join(f"{k:>8}" for k in ["warm", *EDITS]))
+        for tree in args.trees:
+            for label, row in compare(codes, tree, args.repeat).items():
+                print(f"{tree.name:<20} {label:<8} "
+                      + " ".join(f"{ms:>8.0f}" for ms in row.values()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
