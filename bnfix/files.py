@@ -7,9 +7,8 @@ import fnmatch
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.source.reader import Skipped, SourceError, read_source
 
@@ -28,8 +27,7 @@ MAX_GITIGNORE_BYTES = 4 * 1024 * 1024
 _WILDCARD = re.compile(r"[*?\[]")
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """A file the walk found, and how it was found."""
 
     path: Path

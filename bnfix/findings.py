@@ -39,16 +39,14 @@ class Applicability(str, Enum):
     DISPLAY_ONLY = "display-only"
 
 
-@dataclass(frozen=True)
-class Edit:
+class Edit(NamedTuple):
     """Replace the text in `span` with `content` (an insertion when the span is empty)."""
 
     span: Span
     content: str
 
 
-@dataclass(frozen=True)
-class WrapStatements:
+class WrapStatements(NamedTuple):
     """Wrap whole source rows `first_row..last_row` in a block opened by `header`.
 
     A structural edit: the writer lowers it to text, re-indenting the rows (never the inside
@@ -59,8 +57,7 @@ class WrapStatements:
     header: str
 
 
-@dataclass(frozen=True)
-class InsertRows:
+class InsertRows(NamedTuple):
     """Insert whole rows before row `at_row` (one past the last row appends), each indented by
     `indent` plus `level` steps of the file's indentation unit."""
 
@@ -69,16 +66,14 @@ class InsertRows:
     lines: tuple[tuple[int, str], ...]  # (level, text)
 
 
-@dataclass(frozen=True)
-class DeleteRows:
+class DeleteRows(NamedTuple):
     """Delete rows `first_row..last_row` entirely, line endings included."""
 
     first_row: int
     last_row: int
 
 
-@dataclass(frozen=True)
-class TryFinally:
+class TryFinally(NamedTuple):
     """Run `before` rows, then rows `first_row..last_row` inside `try:`, with `finally` rows
     in a `finally:` clause (all at the indentation of `first_row`)."""
 
@@ -91,8 +86,7 @@ class TryFinally:
 EditOp = Edit | WrapStatements | InsertRows | DeleteRows | TryFinally
 
 
-@dataclass(frozen=True)
-class Fix:
+class Fix(NamedTuple):
     """A rule's proposed change: how sure it is, what it says, and its edits."""
 
     applicability: Applicability
@@ -112,8 +106,7 @@ def shown_path(path: str) -> str:
 # Diagnostics: findings bound to a file
 
 
-@dataclass(frozen=True)
-class RelatedLocation:
+class RelatedLocation(NamedTuple):
     """Another place a diagnostic depends on (a wrapper's definition, the call that runs it)."""
 
     path: str
@@ -121,8 +114,7 @@ class RelatedLocation:
     message: str
 
 
-@dataclass(frozen=True)
-class Diagnostic:
+class Diagnostic(NamedTuple):
     """A finding bound to a file, with its fix lowered to text edits."""
 
     path: str

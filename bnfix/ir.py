@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.findings import Fix, Pos, Span, shown_path
 
@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 # Values: what static analysis knows about an argument
 
 
-@dataclass(frozen=True)
-class Const:
+class Const(NamedTuple):
     """A literal (after following module constants and single local assignments). `where` is
     the file `span` is in when that is not the module being checked (a wrapper's default in
     another file of the project)."""
@@ -39,8 +38,7 @@ class Const:
         return self.where is None and self.span is not None
 
 
-@dataclass(frozen=True)
-class Unknown:
+class Unknown(NamedTuple):
     """An expression whose value static analysis cannot know (`self.is_training`, a tensor)."""
 
     text: str
@@ -50,8 +48,7 @@ class Unknown:
     where: str | None = None  # the file `span` is in, when not the module being checked
 
 
-@dataclass(frozen=True)
-class FromParam:
+class FromParam(NamedTuple):
     """The value of parameter `name` of `function`: resolved at each of its call sites."""
 
     function: FunctionInfo
@@ -72,8 +69,7 @@ def negate(value: Value) -> Value:
     return Unknown(f"not ({value.text})", value.span, where=value.where)
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     name: str
     default: Value | None
     default_span: Span | None
@@ -119,8 +115,7 @@ class FunctionInfo:
         return param.default if param else None
 
 
-@dataclass(frozen=True)
-class CallInfo:
+class CallInfo(NamedTuple):
     """Where a call's pieces are, for edits: its span, its callee text and argument anchors."""
 
     span: Span
@@ -202,8 +197,7 @@ def is_const(value: Value | None, expected: object) -> bool:
 # BN sites
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(NamedTuple):
     """An argument as written at a BN call: its name in that API, value and spans."""
 
     name: str
@@ -232,8 +226,7 @@ class LayerCall:
     call: CallInfo
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """Where a BN reached through first-party calls is built: its file and span, and the calls
     that lead there from the module being checked (file, span, callee)."""
 
@@ -297,8 +290,7 @@ class BNSite:
 # Context: TF1 multi-tower training, collections, train ops, EMA
 
 
-@dataclass(frozen=True)
-class WithItem:
+class WithItem(NamedTuple):
     """One `with` item: the call, where ` as name` would go, and the bound name if any."""
 
     qualname: str
@@ -308,8 +300,7 @@ class WithItem:
     arg_text: str
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     """A compound statement's body: rows and whether each row can be re-indented as a whole."""
 
     header_row: int
@@ -337,8 +328,7 @@ class TowerLoop:
     synced: bool = False  # built inside `with bnfix.tf1.sync_towers(...)`
 
 
-@dataclass(frozen=True)
-class VarsTerm:
+class VarsTerm(NamedTuple):
     """A piece of a variable-list expression and which variable families it holds."""
 
     span: Span
@@ -346,8 +336,7 @@ class VarsTerm:
     tags: frozenset[str]
 
 
-@dataclass(frozen=True)
-class VarsExpr:
+class VarsExpr(NamedTuple):
     """A variable-list expression (`tf.trainable_variables() + tf.moving_average_variables()`),
     traced through local assignments, split into `+` terms."""
 
@@ -380,8 +369,7 @@ class CollectionGet:
     row_in_loop_after_scope: bool  # inside the loop, after the tower's name scope was entered
 
 
-@dataclass(frozen=True)
-class Statement:
+class Statement(NamedTuple):
     span: Span
     first_row: int
     last_row: int
@@ -439,8 +427,7 @@ class AttributeSet:
     function: FunctionInfo | None
 
 
-@dataclass(frozen=True)
-class Region:
+class Region(NamedTuple):
     """Code that runs a model for evaluation: a `with torch.no_grad()` / `inference_mode()`
     block, or a function decorated with them."""
 
@@ -489,8 +476,7 @@ class FreezeCall:
     reapplicable: bool = True  # False: what decides the freeze is not visible where it applies
 
 
-@dataclass(frozen=True)
-class ShadowedMethod:
+class ShadowedMethod(NamedTuple):
     """`self.freeze_bn = freeze_bn` in a class that defines `def freeze_bn(self)`."""
 
     class_name: str
@@ -528,8 +514,7 @@ class ModelStep:
     through: Origin | None = None  # done inside a first-party helper (of another file)
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(NamedTuple):
     """An enclosing `if` test: which `if` (an id within the module), its text, and whether
     the step is in its `else` branch."""
 
@@ -585,8 +570,7 @@ class BiasBeforeBN:
     how: str  # sequential | nested | consecutive
 
 
-@dataclass(frozen=True)
-class LibraryModel:
+class LibraryModel(NamedTuple):
     """A library model built in this file that is known to hold plain BatchNorm layers
     (`torchvision.models.resnet50()`): BN the file uses without constructing it."""
 
@@ -595,8 +579,7 @@ class LibraryModel:
     span: Span
 
 
-@dataclass(frozen=True)
-class DeviceScope:
+class DeviceScope(NamedTuple):
     """`with strategy.scope():` for a tf.distribute strategy that trains on several devices:
     what is built inside is replicated, one replica per device."""
 
@@ -608,8 +591,7 @@ class DeviceScope:
     resolved: bool  # the strategy's class is known (else judged by its name)
 
 
-@dataclass(frozen=True)
-class Marker:
+class Marker(NamedTuple):
     """A construct that says something about how the module runs (TF1 graph mode, ...)."""
 
     kind: str
@@ -617,8 +599,7 @@ class Marker:
     text: str
 
 
-@dataclass(frozen=True)
-class Mark:
+class Mark(NamedTuple):
     """Something other files' rules may ask about a module: `arg_scope:<api id>` (an arg_scope
     gives a BN API defaults), `loads_weights`, `ema_restore`, `registers:<collection>`."""
 
@@ -749,8 +730,7 @@ class ModuleIR:
 # What rules return
 
 
-@dataclass(frozen=True)
-class Related:
+class Related(NamedTuple):
     """Another place a finding depends on (`path` None: the finding's own file)."""
 
     path: str | None
@@ -758,8 +738,7 @@ class Related:
     message: str
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(NamedTuple):
     code: str
     span: Span
     message: str

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
 FIX_KINDS = ("safe", "mixed", "unsafe", "display-only", "none")
@@ -52,8 +52,7 @@ class Migration:
     safe_when: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class ApiRef:
+class ApiRef(NamedTuple):
     """What rules need from a catalogue entry (kept small so the IR stays front-end neutral)."""
 
     id: str
@@ -100,8 +99,7 @@ class Example:
     recordings: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
 
-@dataclass(frozen=True)
-class RuleDocs:
+class RuleDocs(NamedTuple):
     """A rule's documentation, in ruff's sections."""
 
     what: str
@@ -112,8 +110,7 @@ class RuleDocs:
     references: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """One rule: its data from `rules/BNxxx.toml` (its logic is in `bnfix.checks`)."""
 
     code: str
@@ -220,8 +217,7 @@ class ApiSpec:
         )
 
 
-@dataclass(frozen=True)
-class LayerSpec:
+class LayerSpec(NamedTuple):
     """A layer with an additive bias (conv, linear, dense): where its bias switch is."""
 
     framework: str
@@ -666,8 +662,7 @@ MODULE_ACTIONS = ("convert_sync", "freeze", "fold")
 MODULE_OUTCOMES = ("plain", "behaviour", "affine", "skip")
 
 
-@dataclass(frozen=True)
-class ModuleSpec:
+class ModuleSpec(NamedTuple):
     """A norm layer class of torch or a model library and what each conversion does with it:
     `outcomes[action]` is "plain", "behaviour", "affine", "skip" or "refuse: <reason>"."""
 

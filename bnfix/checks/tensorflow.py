@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bnfix.checks import check
 from bnfix.checks.names import is_evaluation
@@ -52,8 +52,7 @@ def _row(span: Span | None) -> str:
 # BN001 frozen-affine-in-training
 
 
-@dataclass(frozen=True)
-class _Context:
+class _Context(NamedTuple):
     trainable: Value | None
     training: Value | None
     binding: Binding
@@ -210,8 +209,7 @@ def _add_keyword(call: CallInfo, text: str) -> Edit:
 # Tower scopes, shared by BN002 and BN003
 
 
-@dataclass(frozen=True)
-class _ScopePlan:
+class _ScopePlan(NamedTuple):
     name: str
     edits: tuple[EditOp, ...]
 

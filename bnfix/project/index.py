@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from bnfix.project.modules import ModuleMap
 from bnfix.project.store import SummaryStore, outline
@@ -29,8 +29,7 @@ MAX_STEPS = 200_000  # reach computations per index: recomputation inside call c
 CONSTRUCTION = ("__init__", "build")  # what building an instance of a class runs
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """A function of the project (a class call runs its construction methods)."""
 
     module: str
@@ -57,8 +56,7 @@ class Reach:
     opt_out: bool = False  # the BN's `if` builds a synchronized BN in its other branch
 
 
-@dataclass(frozen=True)
-class Caller:
+class Caller(NamedTuple):
     module: str
     function: str  # qualname in that module (`<module>` for top-level code)
     call: CallRecord

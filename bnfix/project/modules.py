@@ -18,14 +18,14 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from bnfix.source.imports import ModuleContext
 
 INIT = "__init__.py"
 
 
-@dataclass(frozen=True)
-class ModuleFile:
+class ModuleFile(NamedTuple):
     """A source file's place in the project: its module name and import name."""
 
     name: str  # module id: the dotted path from the project root (`models.net`, `pkg`)
@@ -191,8 +191,7 @@ def _dotted_from(path: str, root: str) -> str | None:
     return ".".join(parts)
 
 
-@dataclass(frozen=True)
-class ModuleRef:
+class ModuleRef(NamedTuple):
     """How a file sits in the project (sent to workers instead of the module map)."""
 
     module_id: str

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from bnfix.project.graph import reaching
 from bnfix.project.index import ProjectIndex
 from bnfix.project.summary import MODULE_SCOPE
 
 
-@dataclass(frozen=True)
-class Contribution:
+class Contribution(NamedTuple):
     """One module's part of the search: the summary digest it was computed from, its
     functions and classes that build BN or carry facts (`keys`: what another module's
     aliases are checked against), and the (module tail, name) pairs a user file mentions."""

@@ -581,8 +581,8 @@ class ProjectRunner:
             result.notes = [plan.shown + note[len(plan.absolute):]
                             if note.startswith(plan.absolute + ":") else note
                             for note in result.notes]  # as the user named the file
-            for d in (*result.diagnostics, *result.fixed):
-                object.__setattr__(d, "path", plan.shown)
+            result.diagnostics = [d._replace(path=plan.shown) for d in result.diagnostics]
+            result.fixed = [d._replace(path=plan.shown) for d in result.fixed]
             yield self._store(plan, result, consulted, context(plan)[1])
 
     def _project_facts(self) -> str:
@@ -601,9 +601,8 @@ class ProjectRunner:
     def _error(self, plan: Plan) -> FileResult:
         assert plan.done is not None and plan.done.error is not None
         error = plan.done.error
-        kept = [d for d in error.diagnostics if d.code not in plan.ignored]
-        for d in kept:
-            object.__setattr__(d, "path", plan.shown)
+        kept = [d._replace(path=plan.shown) for d in error.diagnostics
+                if d.code not in plan.ignored]
         return FileResult(plan.shown, kept, digest=error.digest, ignored=plan.ignored)
 
     def _cached(self, plan: Plan, consulted: str, context: str | None = None

@@ -15,15 +15,14 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 FORMAT = 2
 Loc = tuple[int, int, int, int]  # start row, start column, end row, end column (0-based cols)
 MODULE_SCOPE = "<module>"  # the pseudo-function holding a module's top-level code
 
 
-@dataclass(frozen=True)
-class Ref:
+class Ref(NamedTuple):
     """What is statically known of a value: a literal (`c`), a parameter of the function the
     record belongs to (`p`, by name), or something unknown (`u`, its source text). `loc` is
     where it is written; `path` is set once the value has been carried into another module's
@@ -61,15 +60,13 @@ class Ref:
 UNKNOWN = Ref("u", "?")
 
 
-@dataclass(frozen=True)
-class ParamSpec:
+class ParamSpec(NamedTuple):
     name: str
     index: int  # position (-1 for keyword-only)
     default: Ref | None
 
 
-@dataclass(frozen=True)
-class BNBuild:
+class BNBuild(NamedTuple):
     """A BN construction or call in the function, resolved against the catalogue."""
 
     api: str  # catalogue API id
@@ -80,8 +77,7 @@ class BNBuild:
     opt_out: bool = False  # the other branch of its `if` builds a synchronized BN
 
 
-@dataclass(frozen=True)
-class CallRecord:
+class CallRecord(NamedTuple):
     """A call of first-party code (a function or class of the project, or a method of the
     enclosing class)."""
 
@@ -95,8 +91,7 @@ class CallRecord:
     assigned: str | None = None  # the name the result is assigned to (`model = build()`)
 
 
-@dataclass(frozen=True)
-class FunctionSummary:
+class FunctionSummary(NamedTuple):
     qualname: str  # within the module: `conv_bn`, `Net.__init__`, `f.<locals>.g`
     name: str
     class_name: str | None
@@ -121,8 +116,7 @@ class FunctionSummary:
         return texts.get(f"#{spec.index - (1 if bound else 0)}")
 
 
-@dataclass(frozen=True)
-class ClassSummary:
+class ClassSummary(NamedTuple):
     name: str
     loc: Loc
     bases: tuple[str, ...]  # absolute dotted names as imported

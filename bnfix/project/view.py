@@ -20,7 +20,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.findings import Pos, Span, shown_path
 from bnfix.ir import (
@@ -59,8 +59,7 @@ CALLER_DEPTH = 3  # levels of callers in other files attached (as deep as ir.bin
 Key = tuple[str, str]  # (module id, function qualname)
 
 
-@dataclass(frozen=True)
-class ForeignFunction:
+class ForeignFunction(NamedTuple):
     """A function of another file, as far as its callers' contexts need it."""
 
     path: str
@@ -71,8 +70,7 @@ class ForeignFunction:
     params: tuple[ParamSpec, ...]
 
 
-@dataclass(frozen=True)
-class ForeignCall:
+class ForeignCall(NamedTuple):
     """A call of `callee` made in another file by `caller` (None: its top-level code)."""
 
     path: str
@@ -82,8 +80,7 @@ class ForeignCall:
     facts: tuple[str, ...] = ()  # the calling module's facts
 
 
-@dataclass(frozen=True)
-class ClassInfo:
+class ClassInfo(NamedTuple):
     """A first-party class (of another file) that a call here instantiates, with the facts of
     it and its first-party bases (`freeze:<method>`, `init_freeze:<text>`, `train_refreezes`)."""
 
@@ -93,8 +90,7 @@ class ClassInfo:
     facts: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class HelperStep:
+class HelperStep(NamedTuple):
     """What a call of a first-party helper does to a model for distributed training: wraps
     it, builds an optimizer over its parameters, converts its BN to SyncBN — to an argument
     (`target`, as written at the call) or to what it returns (target None)."""

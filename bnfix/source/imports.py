@@ -10,11 +10,10 @@ the project index can follow calls into other files."""
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class ModuleContext:
+class ModuleContext(NamedTuple):
     """Where a file sits in its project: its import name, whether it is a package
     (`__init__.py`), and the top-level names that are the project's own."""
 

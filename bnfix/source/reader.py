@@ -10,7 +10,7 @@ import re
 import stat
 import sys
 import tokenize
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _PY2_HINTS = (
     (re.compile(r"^\s*print\s+[^\s(=]"), "a `print` statement"),
@@ -35,8 +35,7 @@ class SourceError(Exception):
         self.col = col
 
 
-@dataclass(frozen=True)
-class Decoded:
+class Decoded(NamedTuple):
     """A file's text and the encoding it was read with (kept for writing it back)."""
 
     text: str

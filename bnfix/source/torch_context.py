@@ -8,8 +8,7 @@ from __future__ import annotations
 import ast
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.ir import (
     BiasBeforeBN,
@@ -495,8 +494,7 @@ class TorchContext:
         return f"{id(ctx.function)}:{target}"
 
 
-@dataclass(frozen=True)
-class FreezeSwitch:
+class FreezeSwitch(NamedTuple):
     """A construction-time freeze under `if <param>:` (or `if not <param>:`) of `__init__`:
     an instance is frozen unless its construction makes the test false."""
 

@@ -8,7 +8,8 @@ import ast
 import functools
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from bnfix.ir import Block, FunctionInfo, Param, WithItem
 from bnfix.rulebook import ApiSpec, Catalogue, LayerSpec
@@ -19,8 +20,7 @@ RANGE_NAMES = {"range", "xrange", "six.moves.range", "six.moves.xrange"}
 WATCHED_ATTRIBUTES = frozenset({"trainable", "requires_grad"})  # `x.<attr> = value` recorded
 
 
-@dataclass(frozen=True)
-class Vocabulary:
+class Vocabulary(NamedTuple):
     """The catalogue's TF1 training-graph names, indexed for lookups during the walk."""
 
     fn_kind: dict[str, str]  # qualified name -> get_collection | group | device | ...
@@ -98,8 +98,7 @@ class WithFrame:
     call: ast.Call | None = None  # the context expression, when it is a call (an arg_scope)
 
 
-@dataclass(frozen=True)
-class Ctx:
+class Ctx(NamedTuple):
     function: FunctionInfo | None = None
     class_name: str | None = None
     withs: tuple[WithFrame, ...] = ()
@@ -129,8 +128,7 @@ class RawCall:
     written: str = ""  # for BN calls: the qualified name as imported, before aliases
 
 
-@dataclass(frozen=True)
-class Zip:
+class Zip(NamedTuple):
     """A loop over `zip(*tower_values)`: its target names, and the name of the per-entry tuple."""
 
     targets: frozenset[str]
@@ -228,7 +226,7 @@ class Walker:
             self.class_defs.append((stmt, ctx))
             for expr in [*stmt.bases, *stmt.decorator_list]:
                 self._expr(expr, ctx, stmt)
-            self._body(stmt.body, replace(ctx, function=None, class_name=stmt.name, guards=()))
+            self._body(stmt.body, ctx._replace(function=None, class_name=stmt.name, guards=()))
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             self.imports.add(stmt)
             for alias in stmt.names:
@@ -294,9 +292,9 @@ class Walker:
             self._expr(stmt.test, ctx, stmt)
             guard = _guard(stmt.test)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
-            self._body(stmt.body, replace(ctx, guards=guards,
+            self._body(stmt.body, ctx._replace(guards=guards,
                                           conditions=(*ctx.conditions, (False, stmt.test))))
-            ctx = replace(ctx, conditions=(*ctx.conditions, (True, stmt.test)))
+            ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
             orelse = stmt.orelse
             if len(orelse) != 1 or not isinstance(orelse[0], ast.If):
                 self._body(orelse, ctx)
@@ -357,7 +355,7 @@ class Walker:
         self.function_nodes[id(function)] = node
         no_grad = any(self.vocab.fn_kind.get(self.qualname(
             d.func if isinstance(d, ast.Call) else d) or "") == "no_grad" for d in node.decorator_list)
-        self._body(node.body, replace(ctx, function=function,
+        self._body(node.body, ctx._replace(function=function,
                                       class_name=ctx.class_name if ctx.function is None else None,
                                       region=node if no_grad else None, guards=(),
                                       param_loops=(), conditions=()))
@@ -371,12 +369,12 @@ class Walker:
                     reuse=any(w.reuse for w in ctx.withs),
                     zip_star=_is_zip_star(node.iter) or _is_entry_index(node.iter),
                     synced=any(w.category == "sync_towers" for w in ctx.withs))
-        inner = replace(ctx, loops=(*ctx.loops, loop))
+        inner = ctx._replace(loops=(*ctx.loops, loop))
         it = node.iter
         if isinstance(node.target, ast.Name) and isinstance(it, ast.Call) and \
                 isinstance(it.func, ast.Attribute) and it.func.attr == "parameters" and not it.args:
             owner = self.text.slice(self.text.span(it.func.value))
-            inner = replace(inner, param_loops=(*ctx.param_loops, (node.target.id, owner, node)))
+            inner = inner._replace(param_loops=(*ctx.param_loops, (node.target.id, owner, node)))
         self._body(node.body, inner)
         self._body(node.orelse, ctx)
         self.loops.append(loop)
@@ -422,7 +420,7 @@ class Walker:
                                      for t in stmt.targets if isinstance(t, ast.Name))
                 self.control_frames.append((frame, assigned, ctx.withs))
         no_grad = any(frame.category == "no_grad" for frame in frames)
-        self._body(node.body, replace(ctx, withs=withs, region=node if no_grad else ctx.region))
+        self._body(node.body, ctx._replace(withs=withs, region=node if no_grad else ctx.region))
 
     def _with_frame(self, item: ast.withitem, as_name: str | None, node: ast.With | ast.AsyncWith,
                     ctx: Ctx) -> WithFrame:

@@ -13,7 +13,7 @@ import ast
 import bisect
 import itertools
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from bnfix.findings import (
     Applicability,
@@ -45,7 +45,7 @@ def lower(fix: Fix, text: SourceText) -> Fix:
             inner[id(home)].append(op)  # type: ignore[arg-type]
         else:
             rest.append(op)
-    return replace(fix, edits=tuple(
+    return fix._replace(edits=tuple(
         _wrap(op, text, inner[id(op)]) if isinstance(op, WrapStatements) else _lower_op(op, text)
         for op in rest))
 
