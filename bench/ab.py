@@ -1,7 +1,8 @@
 """Two versions of bnfix side by side on the incremental runs: warm with nothing changed, then
 after three edits of the tree's model file (a helper, a function calling the file's first
 function, a BN builder), the versions alternating run by run so that the machine's drift
-(this one has a fast and a slow phase) falls on both alike.
+(this one has a fast and a slow phase) falls on both alike. Start-up first: a check of an empty
+folder (its cache folder made) and of one file that builds BN (no cache: the analysis imported).
 
     git worktree add /tmp/before <commit>
     python bench/ab.py /tmp/before . tree... --repeat 5
@@ -92,11 +93,44 @@ def compare(codes: dict[str, Path], tree: Path, repeat: int) -> dict[str, dict[s
                 for label, kinds in times.items()}
 
 
+ONE_FILE = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.bn = nn.BatchNorm2d(8)\n")
+
+
+def startup(codes: dict[str, Path], repeat: int) -> dict[str, dict[str, float]]:
+    """Median ms of `bnfix check` of an empty folder and of a one-file project, per version."""
+    with tempfile.TemporaryDirectory(prefix="bnfix-ab-start-") as tmp:
+        kinds = {"empty": ["--cache-dir", "cache"], "one file": ["net.py", "--no-cache"]}
+        times: dict[str, dict[str, list[float]]] = {label: {k: [] for k in kinds} for label in codes}
+        for label in codes:  # each its own folder: the cache keeps one version's rule book
+            Path(tmp, label).mkdir()
+            Path(tmp, label, "net.py").write_text(ONE_FILE)
+            Path(tmp, label, "empty").mkdir()
+
+        def run(label: str, kind: str) -> float:
+            env = dict(os.environ, PYTHONPATH=str(codes[label]))
+            argv = ["empty", *kinds[kind]] if kind == "empty" else kinds[kind]
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "bnfix", "check", "-q", "--exit-zero", *argv],
+                           env=env, cwd=Path(tmp, label), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=True)
+            return time.perf_counter() - start
+
+        for label in codes:  # the cache folder made
+            run(label, "empty")
+        for i in range(repeat):
+            for label in list(codes) if i % 2 == 0 else list(codes)[::-1]:
+                for kind in kinds:
+                    times[label][kind].append(run(label, kind))
+        return {label: {kind: statistics.median(runs) * 1000 for kind, runs in kinds.items()}
+                for label, kinds in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path, help="folder holding the first bnfix package")
     parser.add_argument("after", type=Path, help="folder holding the second bnfix package")
-    parser.add_argument("trees", nargs="+", type=Path)
+    parser.add_argument("trees", nargs="*", type=Path)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     checkouts = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -106,6 +140,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bnfix-ab-code-") as tmp:
         codes = {label: stage(checkout, Path(tmp) / label)
                  for label, checkout in checkouts.items()}
+        print(f"{'start-up':<20} {'version':<8} {'empty':>8} {'one file':>8}")
+        for label, row in startup(codes, max(args.repeat, 9)).items():
+            print(f"{'':<20} {label:<8} " + " ".join(f"{ms:>8.0f}" for ms in row.values()),
+                  flush=True)
         print(f"{'tree':<20} {'version':<8} " + " ".join(f"{k:>8}" for k in ["warm", *EDITS]))
         for tree in args.trees:
             for label, row in compare(codes, tree, args.repeat).items():
