@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
+from bnfix.findings import Pos, Span
 from bnfix.ir import Binding, Const, FromParam, Unknown, bindings, is_const
 from bnfix.rulebook import load_rulebook
 from bnfix.source.lift import lift
@@ -198,6 +199,14 @@ def test_non_ascii_columns_are_characters():
     source = "import torch.nn as nn\nnom = 'é'; bn = nn.BatchNorm2d(3)\n"
     m = lift(SourceText(source), ast.parse(source), "m.py", CATALOGUE)
     assert m.bn_sites[0].span.start.col == source.splitlines()[1].index("nn.BatchNorm2d")
+
+
+def test_a_span_that_ends_on_a_row_with_non_ascii_text_counts_characters_there():
+    source = "f(1,\n  'é', 2)\n'é'; g(\n 3)\n"
+    text = SourceText(source)
+    first, second = (stmt.value for stmt in ast.parse(source).body[::2])
+    assert text.span(first) == Span(Pos(1, 0), Pos(2, 9))  # its end: 10 bytes, 9 characters
+    assert text.span(second) == Span(Pos(3, 5), Pos(4, 3))  # its start: 6 bytes, 5 characters
 
 
 def test_binding_defaults_when_function_has_no_call_sites():

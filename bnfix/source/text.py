@@ -82,6 +82,11 @@ class SourceText:
 
     def span(self, node: object) -> Span:
         """The span of an `ast` node that has start and end positions."""
+        wide = self._wide_rows
+        if not wide or (node.lineno not in wide  # type: ignore[attr-defined]
+                        and node.end_lineno not in wide):  # type: ignore[attr-defined]
+            return Span(Pos(node.lineno, node.col_offset),  # type: ignore[attr-defined]
+                        Pos(node.end_lineno, node.end_col_offset))  # type: ignore[attr-defined]
         return Span(
             self.pos(node.lineno, node.col_offset),  # type: ignore[attr-defined]
             self.pos(node.end_lineno, node.end_col_offset),  # type: ignore[attr-defined]
