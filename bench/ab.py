@@ -1,6 +1,6 @@
-"""Two versions of bnfix side by side on the incremental runs: warm with nothing changed, then
-after three edits of the tree's model file (a helper, a function calling the file's first
-function, a BN builder), the versions alternating run by run so that the machine's drift
+"""Two versions of bnfix side by side: a run without cache (cold), then the incremental runs:
+warm with nothing changed, then after three edits of the tree's model file (a helper, a
+function calling the file's first function, a BN builder), the versions alternating run by run so that the machine's drift
 (this one has a fast and a slow phase) falls on both alike. Start-up first: a check of an empty
 folder (its cache folder made) and of one file that builds BN (no cache: the analysis imported).
 
@@ -35,6 +35,8 @@ EDITS = {
     "bn": "\ndef _ab_bn_{i}(x):\n    import torch.nn as nn\n    return nn.BatchNorm2d(3)(x)\n",
 }
 
+KINDS = ["cold", "warm", *EDITS]
+
 
 class Version:
     """One bnfix (the folder holding its package) with its copy of a tree and its cache."""
@@ -49,11 +51,12 @@ class Version:
         self.cwd = work / label / "cwd"
         self.cwd.mkdir()
 
-    def run(self) -> float:
+    def run(self, *extra: str) -> float:
         env = dict(os.environ, PYTHONPATH=str(self.code))
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "bnfix", "check", str(self.tree), "-q",
-                        "--exit-zero", "--cache-dir", str(self.cache)], env=env, cwd=self.cwd,
+                        "--exit-zero", "--cache-dir", str(self.cache), *extra], env=env,
+                       cwd=self.cwd,
                        stdout=subprocess.DEVNULL, check=True)
         return time.perf_counter() - start
 
@@ -81,9 +84,10 @@ def compare(codes: dict[str, Path], tree: Path, repeat: int) -> dict[str, dict[s
             version.run()
             version.run()
         times: dict[str, dict[str, list[float]]] = {
-            v.label: {kind: [] for kind in ["warm", *EDITS]} for v in versions}
+            v.label: {kind: [] for kind in KINDS} for v in versions}
         for i in range(repeat):
             for version in versions if i % 2 == 0 else versions[::-1]:
+                times[version.label]["cold"].append(version.run("--no-cache"))
                 times[version.label]["warm"].append(version.run())
                 for kind, text in EDITS.items():
                     with (version.tree / relative).open("a") as out:
@@ -144,7 +148,7 @@ def main() -> int:
         for label, row in startup(codes, max(args.repeat, 9)).items():
             print(f"{'':<20} {label:<8} " + " ".join(f"{ms:>8.0f}" for ms in row.values()),
                   flush=True)
-        print(f"{'tree':<20} {'version':<8} " + " ".join(f"{k:>8}" for k in ["warm", *EDITS]))
+        print(f"{'tree':<20} {'version':<8} " + " ".join(f"{k:>8}" for k in KINDS))
         for tree in args.trees:
             for label, row in compare(codes, tree, args.repeat).items():
                 print(f"{tree.name:<20} {label:<8} "

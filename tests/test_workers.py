@@ -69,3 +69,32 @@ def test_no_jobs_and_in_process() -> None:
         pool.close()
     assert [job for job, _ in InProcess(Echo).run("where", ((0, (j,)) for j in range(3)))] == \
         [0, 1, 2]
+
+
+def test_files_are_spread_over_the_workers_by_size(tmp_path) -> None:
+    """Largest first, each to the least loaded worker: no worker ends with more than another
+    one's bytes plus one file's, whatever the paths hash to (two large files whose paths sent
+    them to one worker made it the run's critical path)."""
+    import random
+
+    from bnfix.project.modules import ModuleRef
+    from bnfix.project.runner import Plan, _balance
+
+    rng = random.Random(7)
+    plans = []
+    for i in range(60):
+        path = tmp_path / f"m{i}.py"
+        big = rng.choice([50_000, 80_000]) if i < 4 else rng.randrange(1, 5_000)
+        path.write_bytes(b"#" * big)
+        plans.append(Plan(str(path), str(path), ModuleRef(f"m{i}", f"m{i}", False), True,
+                          frozenset(), "", worker=0))
+    plans.append(Plan("gone.py", str(tmp_path / "gone.py"), ModuleRef("gone", "gone", False),
+                      True, frozenset(), "", worker=0))  # unreadable: weighs nothing
+    for size in (2, 3):
+        _balance(plans, size)
+        loads = [sum(os.path.getsize(p.absolute) for p in plans
+                     if p.worker == w and os.path.exists(p.absolute)) for w in range(size)]
+        largest = max(os.path.getsize(p.absolute) for p in plans if os.path.exists(p.absolute))
+        assert {p.worker for p in plans} == set(range(size))
+        assert max(loads) - min(loads) <= largest
+        assert max(loads) <= sum(loads) / size + largest

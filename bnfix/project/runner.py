@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import heapq
 import io
 import os
 import re
@@ -203,6 +204,8 @@ class ProjectRunner:
         """Step 2: summaries from the cache, or from the files, then the expansion rounds."""
         todo = [p for p in plans if p.entry is None]
         if todo:
+            pool = self._workers(len(todo))
+            _balance(todo, pool.size)
             jobs = []
             for plan in todo:
                 stale = self.cache.get(plan.absolute) \
@@ -211,7 +214,7 @@ class ProjectRunner:
                 # an `__init__.py` is always summarised: its re-exports are how imports resolve
                 jobs.append((plan.worker, (plan.absolute, plan.ref, plan.ref.package,
                                            plan.reported, known)))
-            self._collect(self._workers(len(todo)).run("summarise_file", jobs),
+            self._collect(pool.run("summarise_file", jobs),
                           {p.absolute: p for p in todo})
         by_path = {p.absolute: p for p in plans}
         project = digest_of(self.store.digests, set(self.store.digests))
@@ -683,6 +686,28 @@ def _callees_text(callees: dict[str, frozenset[tuple[str, str]]], module: str) -
     """The functions `module`'s calls resolve to, as one line for its findings' key."""
     found = callees.get(module, frozenset())
     return ";" + ",".join(f"{m}:{q}" for m, q in sorted(found))
+
+
+def _balance(plans: list[Plan], size: int) -> None:
+    """Each file to the worker with the fewest bytes so far, largest first. A worker keeps
+    what it lifted for the file's check, so the files stay where they were summarised; by a
+    hash of their paths, one of timm's two workers had 35% more to do than the other (2.21 s
+    against 1.64 s of CPU) and the run waited for it."""
+    if size < 2:
+        return
+    loads = [(0, i) for i in range(size)]  # a heap of (bytes, worker)
+    for nbytes, plan in sorted(((_size(p.absolute), p) for p in plans),
+                               key=lambda pair: (-pair[0], pair[1].absolute)):
+        load, worker = heapq.heappop(loads)
+        plan.worker = worker
+        heapq.heappush(loads, (load + nbytes, worker))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # gone or unreadable: the worker reports it
 
 
 def _worker(path: str, size: int) -> int:
