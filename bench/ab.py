@@ -52,13 +52,18 @@ class Version:
         self.cwd.mkdir()
 
     def run(self, *extra: str) -> float:
-        env = dict(os.environ, PYTHONPATH=str(self.code))
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "bnfix", "check", str(self.tree), "-q",
-                        "--exit-zero", "--cache-dir", str(self.cache), *extra], env=env,
-                       cwd=self.cwd,
-                       stdout=subprocess.DEVNULL, check=True)
-        return time.perf_counter() - start
+        return timed(self.code, [str(self.tree), "--cache-dir", str(self.cache), *extra],
+                     self.cwd)
+
+
+def timed(code: Path, argv: list[str], cwd: Path) -> float:
+    """Wall seconds of `bnfix check -q --exit-zero <argv>` run with the bnfix under `code`."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "bnfix", "check", "-q", "--exit-zero", *argv],
+                   env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=True)
+    return time.perf_counter() - start
 
 
 def stage(checkout: Path, target: Path) -> Path:
@@ -104,28 +109,16 @@ ONE_FILE = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(
 def startup(codes: dict[str, Path], repeat: int) -> dict[str, dict[str, float]]:
     """Median ms of `bnfix check` of an empty folder and of a one-file project, per version."""
     with tempfile.TemporaryDirectory(prefix="bnfix-ab-start-") as tmp:
-        kinds = {"empty": ["--cache-dir", "cache"], "one file": ["net.py", "--no-cache"]}
+        kinds = {"empty": ["empty", "--cache-dir", "cache"], "one file": ["net.py", "--no-cache"]}
         times: dict[str, dict[str, list[float]]] = {label: {k: [] for k in kinds} for label in codes}
-        for label in codes:  # each its own folder: the cache keeps one version's rule book
-            Path(tmp, label).mkdir()
+        for label, code in codes.items():  # each its own folder (the cache keeps one version's
+            Path(tmp, label, "empty").mkdir(parents=True)  # rule book), its cache folder made
             Path(tmp, label, "net.py").write_text(ONE_FILE)
-            Path(tmp, label, "empty").mkdir()
-
-        def run(label: str, kind: str) -> float:
-            env = dict(os.environ, PYTHONPATH=str(codes[label]))
-            argv = ["empty", *kinds[kind]] if kind == "empty" else kinds[kind]
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "bnfix", "check", "-q", "--exit-zero", *argv],
-                           env=env, cwd=Path(tmp, label), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=True)
-            return time.perf_counter() - start
-
-        for label in codes:  # the cache folder made
-            run(label, "empty")
+            timed(code, kinds["empty"], Path(tmp, label))
         for i in range(repeat):
             for label in list(codes) if i % 2 == 0 else list(codes)[::-1]:
-                for kind in kinds:
-                    times[label][kind].append(run(label, kind))
+                for kind, argv in kinds.items():
+                    times[label][kind].append(timed(codes[label], argv, Path(tmp, label)))
         return {label: {kind: statistics.median(runs) * 1000 for kind, runs in kinds.items()}
                 for label, kinds in times.items()}
 

@@ -133,7 +133,9 @@ class FileContext:
         """A digest of all of it: the check of a file reads the project only through its
         context, so findings made against a context with this digest are the findings against
         this one (an edit elsewhere that leaves it the same re-checks nothing). Sets are taken
-        sorted, everything else in its order (an order the check may follow)."""
+        sorted, everything else in its order (an order the check may follow). NamedTuple
+        records are written as arrays without their class's name: each field holds records of
+        one class, so the arrays say as much."""
         fields = [[k, list(v.items()) if isinstance(v, dict) else v]
                   for k, v in vars(self).items()]  # dicts keyed by tuples: as pairs
         text = json.dumps(fields, separators=(",", ":"), default=_plain)

@@ -293,7 +293,7 @@ class Walker:
             guard = _guard(stmt.test)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
             self._body(stmt.body, ctx._replace(guards=guards,
-                                          conditions=(*ctx.conditions, (False, stmt.test))))
+                                               conditions=(*ctx.conditions, (False, stmt.test))))
             ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
             orelse = stmt.orelse
             if len(orelse) != 1 or not isinstance(orelse[0], ast.If):
@@ -356,9 +356,10 @@ class Walker:
         no_grad = any(self.vocab.fn_kind.get(self.qualname(
             d.func if isinstance(d, ast.Call) else d) or "") == "no_grad" for d in node.decorator_list)
         self._body(node.body, ctx._replace(function=function,
-                                      class_name=ctx.class_name if ctx.function is None else None,
-                                      region=node if no_grad else None, guards=(),
-                                      param_loops=(), conditions=()))
+                                           class_name=ctx.class_name if ctx.function is None
+                                           else None,
+                                           region=node if no_grad else None, guards=(),
+                                           param_loops=(), conditions=()))
 
     def _for(self, node: ast.For | ast.AsyncFor, ctx: Ctx) -> None:
         self._expr(node.iter, ctx, node)
