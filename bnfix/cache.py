@@ -28,9 +28,8 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bnfix import __version__
 from bnfix.findings import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
@@ -93,8 +92,7 @@ def code_digest() -> str:
     return files_digest(paths, package)
 
 
-@dataclass
-class Findings:
+class Findings(NamedTuple):
     """A file's cached findings, the digest of the summaries they consulted and the digest of
     what the check read of them (its project context)."""
 
@@ -104,24 +102,45 @@ class Findings:
     context: str  # FileContext.digest() ("": the file had no summary, no context)
 
 
-@dataclass
 class Entry:
-    """What the cache knows of one file: how to tell it is unchanged, its summary, its findings."""
+    """What the cache knows of one file: how to tell it is unchanged, its summary, its findings.
+    (Filled in as the run learns more of the file; a plain class, see `FileResult`.)"""
 
-    mtime_ns: int
-    size: int
-    digest: str
-    context: str  # digest of the file's place in the project (its summary depends on it)
-    relevant: bool
-    summary: str | None  # the summary as JSON text (parsed only when consulted)
-    summary_digest: str | None
-    edges: list[str] | None  # the modules its summary depends on (valid for one scope)
-    checked: str | None  # digest of the name set a non-relevant file was searched for
-    findings: Findings | None
-    # the functions its calls resolve to, [module, qualname] (valid with `edges`)
-    callees: list[list[str]] | None = None
-    # digest of the summary's marks and BN APIs (project-wide facts every file's check reads)
-    outline: str | None = None
+    __slots__ = (
+        "callees",
+        "checked",
+        "context",
+        "digest",
+        "edges",
+        "findings",
+        "mtime_ns",
+        "outline",
+        "relevant",
+        "size",
+        "summary",
+        "summary_digest",
+    )
+
+    def __init__(self, mtime_ns: int, size: int, digest: str, context: str, relevant: bool,
+                 summary: str | None, summary_digest: str | None, edges: list[str] | None,
+                 checked: str | None, findings: Findings | None,
+                 callees: list[list[str]] | None = None, outline: str | None = None) -> None:
+        self.mtime_ns = mtime_ns
+        self.size = size
+        self.digest = digest
+        self.context = context  # digest of the file's place in the project (its summary
+        # depends on it)
+        self.relevant = relevant
+        self.summary = summary  # the summary as JSON text (parsed only when consulted)
+        self.summary_digest = summary_digest
+        self.edges = edges  # the modules its summary depends on (valid for one scope)
+        self.checked = checked  # digest of the name set a non-relevant file was searched for
+        self.findings = findings
+        # the functions its calls resolve to, [module, qualname] (valid with `edges`)
+        self.callees = callees
+        # digest of the summary's marks and BN APIs (project-wide facts every file's check
+        # reads)
+        self.outline = outline
 
 
 def _entry(fields: Any) -> Entry | None:
@@ -341,9 +360,9 @@ def _line(name: str, entry: Entry, racy_ns: int) -> str:
 
 def _data(entry: Entry, racy_ns: int) -> dict[str, Any]:
     """An entry as JSON data; one whose file was modified after `racy_ns` is stored racy."""
-    out = dict(vars(entry))
+    out = {name: getattr(entry, name) for name in Entry.__slots__}
     if entry.mtime_ns >= racy_ns:
         out["mtime_ns"] = RACY
     if entry.findings is not None:
-        out["findings"] = vars(entry.findings)
+        out["findings"] = entry.findings._asdict()
     return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +35,57 @@ class ConfigError(Exception):
     """Bad configuration: the message names the file and the key."""
 
 
-@dataclass
 class Settings:
-    """The configuration that applies (`[tool.bnfix]`, `bnfix.toml` or the defaults)."""
+    """The configuration that applies (`[tool.bnfix]`, `bnfix.toml` or the defaults), which the
+    command line then amends. (A plain class, see `bnfix.findings.FileResult`.)"""
 
-    root: Path
-    source: Path | None = None  # the configuration file it came from
-    select: list[str] | None = None
-    ignore: list[str] = field(default_factory=list)
-    extend_select: list[str] = field(default_factory=list)
-    per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
-    exclude: list[str] | None = None
-    extend_exclude: list[str] = field(default_factory=list)
-    respect_gitignore: bool = True
-    target_tensorflow: tuple[int, ...] = CURRENT_TENSORFLOW
-    target_origin: str = "default"  # default | configured | pinned (the project's requirements)
-    all_syntax_errors: bool = False
-    max_file_size: int = DEFAULT_MAX_FILE_BYTES  # 0: no limit
-    # `unsafe-fixes`: apply unsafe fixes too; None when not set (ruff's "hint": the summary
-    # counts the unsafe fixes held back; an explicit false drops that line, as in ruff)
-    unsafe_fixes: bool | None = None
-    cache_dir: Path | None = None  # None: .bnfix_cache/ in the root
+    __slots__ = (
+        "all_syntax_errors",
+        "cache_dir",
+        "exclude",
+        "extend_exclude",
+        "extend_select",
+        "ignore",
+        "max_file_size",
+        "per_file_ignores",
+        "respect_gitignore",
+        "root",
+        "select",
+        "source",
+        "target_origin",
+        "target_tensorflow",
+        "unsafe_fixes",
+    )
+
+    def __init__(self, root: Path, *, source: Path | None = None,
+                 select: list[str] | None = None, ignore: list[str] | None = None,
+                 extend_select: list[str] | None = None,
+                 per_file_ignores: dict[str, list[str]] | None = None,
+                 exclude: list[str] | None = None, extend_exclude: list[str] | None = None,
+                 respect_gitignore: bool = True,
+                 target_tensorflow: tuple[int, ...] = CURRENT_TENSORFLOW,
+                 target_origin: str = "default", all_syntax_errors: bool = False,
+                 max_file_size: int = DEFAULT_MAX_FILE_BYTES, unsafe_fixes: bool | None = None,
+                 cache_dir: Path | None = None) -> None:
+        self.root = root
+        self.source = source  # the configuration file it came from
+        self.select = select
+        self.ignore = [] if ignore is None else ignore
+        self.extend_select = [] if extend_select is None else extend_select
+        self.per_file_ignores = {} if per_file_ignores is None else per_file_ignores
+        self.exclude = exclude
+        self.extend_exclude = [] if extend_exclude is None else extend_exclude
+        self.respect_gitignore = respect_gitignore
+        self.target_tensorflow = target_tensorflow
+        # default | configured | pinned (the project's requirements)
+        self.target_origin = target_origin
+        self.all_syntax_errors = all_syntax_errors
+        self.max_file_size = max_file_size  # 0: no limit
+        # `unsafe-fixes`: apply unsafe fixes too; None when not set (ruff's "hint": the
+        # summary counts the unsafe fixes held back; an explicit false drops that line, as in
+        # ruff)
+        self.unsafe_fixes = unsafe_fixes
+        self.cache_dir = cache_dir  # None: .bnfix_cache/ in the root
 
     @property
     def max_bytes(self) -> int:

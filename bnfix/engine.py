@@ -4,10 +4,9 @@ rule over that IR, suppressions, and fix application (iterated until nothing mor
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.checks import ENGINE_CODES, Check, registry
 from bnfix.config import CURRENT_TENSORFLOW
@@ -110,8 +109,7 @@ class Triggers:
         return out
 
 
-@dataclass
-class Lifted:
+class Lifted(NamedTuple):
     """A parsed, walked and resolved module (kept between the project's two passes)."""
 
     source: SourceText

@@ -8,7 +8,6 @@ it builds."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
@@ -136,22 +135,45 @@ class Diagnostic(NamedTuple):
             self.fix.applicability is not Applicability.DISPLAY_ONLY
 
 
-@dataclass
 class FileResult:
     """What checking one file gave: its diagnostics, the fixed text if any, and why fixes were
-    dropped."""
+    dropped. (A plain class, as the other records a run builds before any analysis: a
+    dataclass costs its module `dataclasses` and `inspect`, a quarter of bnfix's start-up.)"""
 
-    path: str
-    diagnostics: list[Diagnostic] = field(default_factory=list)  # what remains
-    fixed: list[Diagnostic] = field(default_factory=list)  # what the fixes removed
-    original: str | None = None  # the text as read, when fixes changed it
-    new_text: str | None = None  # the fixed text (not yet written)
-    encoding: str = "utf-8"
-    notes: list[str] = field(default_factory=list)  # fixes dropped, and why
-    digest: str | None = None  # of the bytes read
-    unchanged: bool = False  # the content matched the cached digest: not analysed again
-    ignored: frozenset[str] = frozenset()  # the per-file ignores it was checked with
-    internal: str | None = None  # an unexpected exception (a bnfix bug): its traceback
+    __slots__ = (
+        "diagnostics",
+        "digest",
+        "encoding",
+        "fixed",
+        "ignored",
+        "internal",
+        "new_text",
+        "notes",
+        "original",
+        "path",
+        "unchanged",
+    )
+
+    def __init__(self, path: str, diagnostics: list[Diagnostic] | None = None, *,
+                 fixed: list[Diagnostic] | None = None, original: str | None = None,
+                 new_text: str | None = None, encoding: str = "utf-8",
+                 notes: list[str] | None = None, digest: str | None = None,
+                 unchanged: bool = False, ignored: frozenset[str] = frozenset(),
+                 internal: str | None = None) -> None:
+        self.path = path
+        self.diagnostics = [] if diagnostics is None else diagnostics  # what remains
+        self.fixed = [] if fixed is None else fixed  # what the fixes removed
+        self.original = original  # the text as read, when fixes changed it
+        self.new_text = new_text  # the fixed text (not yet written)
+        self.encoding = encoding
+        self.notes = [] if notes is None else notes  # fixes dropped, and why
+        self.digest = digest  # of the bytes read
+        self.unchanged = unchanged  # the content matched the cached digest: not analysed again
+        self.ignored = ignored  # the per-file ignores it was checked with
+        self.internal = internal  # an unexpected exception (a bnfix bug): its traceback
+
+    def __repr__(self) -> str:
+        return f"FileResult({self.path!r}, {len(self.diagnostics)} diagnostics)"
 
     @property
     def changed(self) -> bool:

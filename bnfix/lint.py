@@ -4,15 +4,14 @@ when the tree is large), write fixes atomically, report, and choose the exit cod
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import io
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from bnfix.cache import Cache, cache_folder, cache_key
 from bnfix.config import ConfigError, Settings, check_selectors, load_settings
@@ -27,17 +26,16 @@ from bnfix.report import formats
 from bnfix.rulebook import COMMANDS, RuleBook, RuleBookError, load_rulebook
 
 
-@dataclass
-class LintOptions:
+class LintOptions(NamedTuple):
     """What `bnfix check`/`fix` were asked (the command line, or the Python API)."""
 
-    paths: list[str] = field(default_factory=list)
+    paths: Sequence[str] = ()
     fix: bool = False
     unsafe_fixes: bool | None = None  # None: the configuration's `unsafe-fixes` (default off)
     diff: bool = False
     select: list[str] | None = None
-    ignore: list[str] = field(default_factory=list)
-    extend_select: list[str] = field(default_factory=list)
+    ignore: Sequence[str] = ()
+    extend_select: Sequence[str] = ()
     output_format: str = "full"
     statistics: bool = False
     exit_zero: bool = False
@@ -52,7 +50,7 @@ class LintOptions:
     project: bool = True  # analyse the whole project (else only the files given)
     command: str = "check"  # check | fix: what the hints tell the user to run
     exclude: list[str] | None = None  # replaces the configuration's `exclude`
-    extend_exclude: list[str] = field(default_factory=list)
+    extend_exclude: Sequence[str] = ()
     quiet: bool = False  # findings only: no summary, hints or warnings
     silent: bool = False  # no output at all (the exit code still says)
     show_fixes: bool = False  # list what was fixed
@@ -72,17 +70,19 @@ class UsageError(Exception):
     """A problem with how bnfix was called or configured (exit code 2)."""
 
 
-@dataclass
 class Outcome:
-    """What a run found and did, for the report and the exit status."""
+    """What a run found and did, for the report and the exit status (gathered as it goes)."""
 
-    results: list[FileResult]
-    remaining: list[Diagnostic]
-    fixed: int
-    changed: list[FileResult]
-    errors: list[str]
-    warnings: list[str] = field(default_factory=list)  # shown unless --quiet
-    internal: list[tuple[str, str]] = field(default_factory=list)  # (path, traceback)
+    __slots__ = ("changed", "errors", "fixed", "internal", "remaining", "results", "warnings")
+
+    def __init__(self) -> None:
+        self.results: list[FileResult] = []
+        self.remaining: list[Diagnostic] = []
+        self.fixed = 0
+        self.changed: list[FileResult] = []
+        self.errors: list[str] = []
+        self.warnings: list[str] = []  # shown unless --quiet
+        self.internal: list[tuple[str, str]] = []  # (path, traceback)
 
 
 def prepare(options: LintOptions, start: Path) -> tuple[RuleBook, Settings, Engine]:
@@ -177,7 +177,7 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     stderr = sys.stderr if stderr is None else stderr
     paths, missing = _existing(options)
     walk = walker(settings)
-    outcome = Outcome([], [], 0, [], [])
+    outcome = Outcome()
     root = project_root(paths, settings.root if settings.source is not None else None) \
         if paths else Path.cwd()
     outside = _Outside(root)
@@ -329,8 +329,8 @@ def run(options: LintOptions, stdin: TextIO | None = None, stdout: TextIO | None
                          f"(one of {', '.join(formats.FORMATS)})")
     _check_combination(options)
     if options.quiet or options.silent:
-        options = dataclasses.replace(options, progress=False)
-    use_stdin = options.paths == ["-"] or (options.stdin_filename is not None and not options.paths)
+        options = options._replace(progress=False)
+    use_stdin = list(options.paths) == ["-"] or (options.stdin_filename is not None and not options.paths)
     if use_stdin and options.add_noqa:
         raise UsageError("--add-noqa edits files: it cannot be used with stdin")
     start = Path(options.stdin_filename).parent if use_stdin and options.stdin_filename else Path(

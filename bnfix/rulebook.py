@@ -12,10 +12,9 @@ import functools
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any, NamedTuple
 
 DOCS_URL = "https://github.com/bnfix/bnfix/blob/main/rules/{code}.toml"
@@ -28,22 +27,21 @@ TARGETS = ("source", "artifact", "runtime")
 COMMANDS = {"source": "bnfix check", "artifact": "bnfix inspect", "runtime": "bnfix doctor"}
 
 
-@dataclass(frozen=True)
-class Migration:
+class Migration(NamedTuple):
     """How to replace a deprecated BN API (catalogue data, read by rule BN007)."""
 
     to: str
     why: str
+    rename: dict[str, str]
+    defaults: dict[str, str]
+    values: dict[str, dict[str, str]]
+    split: dict[str, dict[str, str]]
+    refuse: dict[str, str]
     written: tuple[str, ...] = ()
     since: tuple[int, ...] = ()
     removed: tuple[int, ...] = ()  # the version without the old API (empty: it still runs)
     positional: int = 0
-    rename: dict[str, str] = field(default_factory=dict)
-    defaults: dict[str, str] = field(default_factory=dict)
-    values: dict[str, dict[str, str]] = field(default_factory=dict)
-    split: dict[str, dict[str, str]] = field(default_factory=dict)
     require_str: tuple[str, ...] = ()
-    refuse: dict[str, str] = field(default_factory=dict)
     keep_unknown: bool = False
     add: tuple[str, ...] = ()
     display_only: bool = False
@@ -74,8 +72,7 @@ class RuleBookError(Exception):
     """A rule or catalogue file is malformed: names the file and what is wrong."""
 
 
-@dataclass(frozen=True)
-class Example:
+class Example(NamedTuple):
     """A rule's example (from its TOML): the rule must flag an invalid one, leave a valid one, fix
     a fix one."""
 
@@ -86,17 +83,17 @@ class Example:
     name: str = ""
     # a multi-file example: a small project (path -> source), the rows flagged per file, and
     # the files a fix changes (path -> expected text)
-    files: dict[str, str] | None = field(default=None, compare=False)
-    file_lines: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False)
-    fixed_files: dict[str, str] | None = field(default=None, compare=False)
+    files: dict[str, str] | None = None
+    file_lines: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+    fixed_files: dict[str, str] | None = None
     # artifact rules: the artifact IR as plain data (`bnfix.artifacts.literal`), or a file to
     # write and read ({name, text | hex}); `flagged`: the layers an invalid example reports
-    artifact: dict[str, Any] | None = field(default=None, compare=False)
-    file: dict[str, str] | None = field(default=None, compare=False)
+    artifact: dict[str, Any] | None = None
+    file: dict[str, str] | None = None
     flagged: tuple[str, ...] = ()
     # runtime rules: recordings as data (`bnfix.doctor.record`, one per rank); `flagged`: the
     # layers an invalid example reports
-    recordings: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+    recordings: tuple[dict[str, Any], ...] = ()
 
 
 class RuleDocs(NamedTuple):
@@ -173,8 +170,7 @@ class Rule(NamedTuple):
         return "\n".join(parts) + "\n"
 
 
-@dataclass(frozen=True)
-class ApiSpec:
+class ApiSpec(NamedTuple):
     """One catalogue entry: a BN API and how to read its arguments."""
 
     id: str
@@ -198,8 +194,9 @@ class ApiSpec:
     def canonical_name(self, param: str) -> str:
         return self.canonical.get(param, param)
 
-    @functools.cached_property
+    @property
     def ref(self) -> ApiRef:
+        """What the IR keeps of it (made per BN site: a few per file)."""
         return ApiRef(
             id=self.id,
             framework=self.framework,
@@ -226,15 +223,18 @@ class LayerSpec(NamedTuple):
     activation: str | None  # Keras layers apply an activation after the bias
 
 
-@dataclass(eq=False)
 class Catalogue:
-    """Qualified name -> BN API, plus the TF1 training-graph vocabulary for context analysis."""
+    """Qualified name -> BN API, plus the TF1 training-graph vocabulary for context analysis
+    (filled in by the loader)."""
 
-    apis: dict[str, ApiSpec] = field(default_factory=dict)  # by normalized qualified name
-    aliases: list[tuple[str, str]] = field(default_factory=list)  # longest prefix first
-    _normalized: dict[str, str] = field(default_factory=dict, repr=False)
-    training: dict[str, Any] = field(default_factory=dict)  # training-API vocabulary tables
-    layers: dict[str, LayerSpec] = field(default_factory=dict)  # bias-carrying layers (BN104)
+    __slots__ = ("_normalized", "aliases", "apis", "layers", "training")
+
+    def __init__(self) -> None:
+        self.apis: dict[str, ApiSpec] = {}  # by normalized qualified name
+        self.aliases: list[tuple[str, str]] = []  # longest prefix first
+        self._normalized: dict[str, str] = {}
+        self.training: dict[str, Any] = {}  # training-API vocabulary tables
+        self.layers: dict[str, LayerSpec] = {}  # bias-carrying layers (BN104)
 
     def normalize(self, qualname: str) -> str:
         """Rewrite known alias prefixes (`tensorflow.compat.v1.` -> `tensorflow.`) to fixpoint
@@ -264,8 +264,7 @@ class Catalogue:
                              if framework is None or spec.framework == framework}))
 
 
-@dataclass
-class RuleBook:
+class RuleBook(NamedTuple):
     """Every rule by code, and the BN API catalogue."""
 
     rules: dict[str, Rule]
@@ -536,7 +535,7 @@ def _load_catalogue(folder: Path, read: Callable[[Path], dict[str, Any]] = _read
         source = by_id.get(_require(entry, "from", path))
         if source is None:
             raise RuleBookError(f"{path}: migration from unknown API id `{entry['from']}`")
-        migrated = replace(source, migration=_migration(entry, path))
+        migrated = source._replace(migration=_migration(entry, path))
         for name in source.names:
             cat.apis[name] = migrated
     return cat

@@ -252,16 +252,22 @@ def test_lint_path_imports_no_framework_and_runs_no_user_code(tree):
     assert "trainable=True" in (root / "user_model.py").read_text()
 
 
+# the analysis; and the standard modules that the records a run builds (a dataclass brings
+# `dataclasses` and `inspect`) and argparse's help formatter (`shutil`, which imports the
+# compression modules) would import: together a third of bnfix's own start-up (a run that
+# writes its cache imports `tempfile`, and so `shutil`)
 ANALYSIS_MODULES = ("bnfix.ir", "bnfix.project.index", "bnfix.project.summary",
                     "bnfix.project.view", "bnfix.source.lift", "libcst")
+START_UP_MODULES = (*ANALYSIS_MODULES, "dataclasses", "inspect", "shutil")
 
 
-def _loaded_after(argv: list[str], cwd) -> tuple[str, list[str]]:
-    """What `bnfix.cli.main(argv)` printed, and which of ANALYSIS_MODULES it imported."""
+def _loaded_after(argv: list[str], cwd, modules: tuple[str, ...] = START_UP_MODULES
+                  ) -> tuple[str, list[str]]:
+    """What `bnfix.cli.main(argv)` printed, and which of `modules` it imported."""
     probe = (
         "import sys, bnfix.cli\n"
         f"code = bnfix.cli.main({argv!r})\n"
-        f"print('LOADED', [m for m in {ANALYSIS_MODULES!r} if m in sys.modules], 'CODE', code)\n"
+        f"print('LOADED', [m for m in {modules!r} if m in sys.modules], 'CODE', code)\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True,
                           check=False)
@@ -283,6 +289,8 @@ def test_a_warm_run_and_an_empty_one_import_no_analysis(tree):
 
     empty = root / "empty"
     empty.mkdir()
+    out, err = _loaded_after(["check", "."], empty, ANALYSIS_MODULES)  # makes its cache folder
+    assert "LOADED [] CODE 0" in out, out + err
     out, err = _loaded_after(["check", "."], empty)
     assert "LOADED [] CODE 0" in out, out + err
     # the control: a changed file is analysed, so the probe can see the modules load

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -70,18 +69,20 @@ def _package(folder: str, files: set[str], known: dict[str, tuple[str, str]]
     return known[chain[0][0]] if chain else known[folder]
 
 
-@dataclass
 class ModuleMap:
-    """Every discovered Python file under its canonical module name, plus the search roots."""
+    """Every discovered Python file under its canonical module name, plus the search roots
+    (made by `build`)."""
 
-    project_root: str
-    by_name: dict[str, list[ModuleFile]] = field(default_factory=dict)
-    by_path: dict[str, ModuleFile] = field(default_factory=dict)
-    _files: set[str] = field(default_factory=set)  # absolute paths of .py files
-    _dirs: set[str] = field(default_factory=set)  # absolute folders holding .py files
-    # resolve()'s answers by (dotted name, importer): every file of a package asks the same
-    _resolved: dict[tuple[str, str | None], tuple[ModuleFile, str] | None] = field(
-        default_factory=dict)
+    __slots__ = ("_dirs", "_files", "_resolved", "by_name", "by_path", "project_root")
+
+    def __init__(self, project_root: str) -> None:
+        self.project_root = project_root
+        self.by_name: dict[str, list[ModuleFile]] = {}
+        self.by_path: dict[str, ModuleFile] = {}
+        self._files: set[str] = set()  # absolute paths of .py files
+        self._dirs: set[str] = set()  # absolute folders holding .py files
+        # resolve()'s answers by (dotted name, importer): every file of a package asks the same
+        self._resolved: dict[tuple[str, str | None], tuple[ModuleFile, str] | None] = {}
 
     @classmethod
     def build(cls, paths: Iterable[str | Path], project_root: str | Path) -> ModuleMap:

@@ -18,7 +18,6 @@ import os
 import re
 import tokenize
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,21 +68,38 @@ def make_worker(enabled: frozenset[str], targets: dict[str, tuple[int, ...]], al
     return Worker(engine, max_bytes, overlay=dict(overlay or {}))
 
 
-@dataclass
 class Plan:
-    """One file of the project scope."""
+    """One file of the project scope (what the run learns of it is filled in as it goes)."""
 
-    shown: str  # the path as reported (the user's spelling for files asked about)
-    absolute: str
-    ref: ModuleRef
-    reported: bool
-    ignored: frozenset[str]
-    context: str  # digest of the file's place in the project (its summary depends on it)
-    worker: int
-    entry: Entry | None = None  # the cache's entry, when still fresh
-    done: Summarised | None = None
-    summarised: bool = False  # it has a summary (in the store)
-    previous: Entry | None = None  # the cache's entry this run's summary replaced
+    __slots__ = (
+        "absolute",
+        "context",
+        "done",
+        "entry",
+        "ignored",
+        "previous",
+        "ref",
+        "reported",
+        "shown",
+        "summarised",
+        "worker",
+    )
+
+    def __init__(self, shown: str, absolute: str, ref: ModuleRef, reported: bool,
+                 ignored: frozenset[str], context: str, worker: int,
+                 entry: Entry | None = None) -> None:
+        self.shown = shown  # the path as reported (the user's spelling for files asked about)
+        self.absolute = absolute
+        self.ref = ref
+        self.reported = reported
+        self.ignored = ignored
+        self.context = context  # digest of the file's place in the project (its summary
+        # depends on it)
+        self.worker = worker
+        self.entry = entry  # the cache's entry, when still fresh
+        self.done: Summarised | None = None
+        self.summarised = False  # it has a summary (in the store)
+        self.previous: Entry | None = None  # the cache's entry this run's summary replaced
 
 
 class ProjectRunner:
@@ -625,7 +641,7 @@ class ProjectRunner:
         if diagnostics is None or (self.fix and _has_fixes(diagnostics, self.unsafe)):
             return None  # there is something to fix: run it
         if findings.consulted != consulted and self.cache is not None:
-            findings.consulted = consulted
+            entry.findings = findings._replace(consulted=consulted)
             self.cache.put(plan.absolute, entry)
         return FileResult(plan.shown, diagnostics, ignored=plan.ignored, unchanged=True,
                           digest=entry.digest)

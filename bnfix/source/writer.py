@@ -13,7 +13,6 @@ import ast
 import bisect
 import itertools
 import re
-from dataclasses import dataclass, field
 
 from bnfix.findings import (
     Applicability,
@@ -125,13 +124,15 @@ def _deeper(text: SourceText, first_row: int, last_row: int,
     return out
 
 
-@dataclass
 class Applied:
     """A text with fixes applied: which were, and why the others were not."""
 
-    text: str
-    applied: list[int] = field(default_factory=list)  # indices of applied fixes
-    rejected: dict[int, str] = field(default_factory=dict)  # index -> why
+    __slots__ = ("applied", "rejected", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.applied: list[int] = []  # indices of applied fixes
+        self.rejected: dict[int, str] = {}  # index -> why
 
 
 def _overlaps(a: Edit, b: Edit) -> bool:
