@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -44,6 +45,12 @@ CACHE_DIR = ".bnfix_cache"
 FORMAT = 7
 MAX_CACHE_BYTES = 512 * 1024 * 1024
 STALE_TEMP_SECONDS = 3600  # a temporary cache file older than this was left by a killed run
+# A cache file of another key (another bnfix version or rule set, other rules selected) not
+# used for this long is removed when a run writes its own: each upgrade of bnfix starts a new
+# file (the key covers its code), and the old ones were kept for ever (30 MB each on torch).
+# A file read is marked used (its time set to now) at most once in TOUCH_SECONDS.
+STALE_CACHE_SECONDS = 14 * 24 * 3600
+TOUCH_SECONDS = 24 * 3600
 RACY_NS = 2_000_000_000  # a file modified this close to the run is verified by content
 RACY = -1  # the stored mtime of a racy entry: it never matches a file's time
 
@@ -218,6 +225,7 @@ class Cache:
             return  # no cache yet, or an unreadable one: analyse everything
         if not isinstance(head, dict) or head.get("format") != FORMAT:
             return
+        mark_used(self.path)
         meta = head.get("meta")
         self.meta = {k: v for k, v in meta.items() if isinstance(v, str)} \
             if isinstance(meta, dict) else {}
@@ -304,6 +312,7 @@ class Cache:
                 line = self._lines.get(name) if name not in self.changed else None
                 lines.append(line if line is not None else _line(name, entry, racy))
             write_text(self.path, "\n".join(lines) + "\n")
+            prune_other_keys(self.path, "", ".jsonl")
         except OSError:
             return  # a read-only checkout: run without a cache rather than fail
 
@@ -324,6 +333,47 @@ def prepare_folder(folder: Path) -> None:
                 path.unlink()
         except OSError:
             continue
+
+
+def mark_used(path: Path) -> None:
+    """Set the time of a cache file that was read and is older than a day to now, so that
+    another key's run does not take it for unused (see STALE_CACHE_SECONDS)."""
+    try:
+        if time.time() - path.stat().st_mtime > TOUCH_SECONDS:
+            os.utime(path)
+    except OSError:
+        pass  # a read-only cache: nothing to mark, nothing will be pruned either
+
+
+def prune_other_keys(keep: Path, prefix: str, suffix: str) -> None:
+    """Remove the cache files beside `keep` that another key wrote (named `prefix`, 24 hex
+    digits, `suffix`, and starting as a bnfix cache does) and that no run used for
+    STALE_CACHE_SECONDS. Only regular files are looked at, and none that could be the
+    user's: `--cache-dir` may name a folder that holds other files."""
+    now = time.time()
+    try:
+        names = os.listdir(keep.parent)
+    except OSError:
+        return
+    for name in names:
+        key = name[len(prefix):len(name) - len(suffix)]
+        if name == keep.name or not name.startswith(prefix) or not name.endswith(suffix) or \
+                len(key) != 24 or key.strip("0123456789abcdef"):
+            continue
+        path = keep.parent / name
+        try:
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode) or now - st.st_mtime <= STALE_CACHE_SECONDS:
+                continue
+            with path.open("rb") as fh:
+                if fh.read(len(CACHE_START)) != CACHE_START:
+                    continue
+            path.unlink()
+        except OSError:
+            continue
+
+
+CACHE_START = b'{"format":'  # how check's and inspect's cache files begin
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

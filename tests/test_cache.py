@@ -679,3 +679,74 @@ def test_a_run_without_the_cache_digests_no_context(tree, monkeypatch):
     assert digests == []
     findings()
     assert len(digests) == 4
+
+
+def test_cache_files_of_other_keys_go_when_unused_for_two_weeks(tree):
+    """Each bnfix upgrade (its code is in the key) or other rule selection starts a cache file;
+    a run that writes its own removes the others no run has used for STALE_CACHE_SECONDS, and
+    nothing else: not a recent one, not a file that is not a bnfix cache, not a link."""
+    from bnfix.cache import STALE_CACHE_SECONDS
+
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
+    _lint(root, select=["BN008"])
+    folder = root / ".bnfix_cache"
+    (own,) = folder.glob("*.jsonl")
+    old = time.time() - STALE_CACHE_SECONDS - 3600
+    header = json.dumps({"format": FORMAT, "meta": {}}, separators=(",", ":")) + "\n"
+    files = {name: folder / name for name in (
+        "0123456789abcdef01234567.jsonl",  # another key's, unused: removed
+        "89abcdef0123456789abcdef.jsonl",  # another key's, used lately: kept
+        "fedcba9876543210fedcba98.jsonl",  # named like one, not a cache: kept
+        "notes.jsonl",  # the user's, in a --cache-dir they share: kept
+    )}
+    for name, path in files.items():
+        path.write_text("user data\n" if name.startswith(("fedcba", "notes")) else header)
+        if not name.startswith("89ab"):
+            os.utime(path, (old, old))
+    target = root / "elsewhere.jsonl"
+    target.write_text(header)
+    link = folder / "76543210fedcba9876543210.jsonl"
+    link.symlink_to(target)
+    os.utime(link, (old, old), follow_symlinks=False)
+    (root / "a.py").write_text(BUGGY + "\n")  # a change: the run writes its cache
+    _lint(root, select=["BN008"])
+    left = sorted(p.name for p in folder.glob("*.jsonl"))
+    assert left == sorted({own.name, link.name} | set(files) - {"0123456789abcdef01234567.jsonl"})
+    assert target.exists()
+
+
+def test_a_cache_file_read_is_marked_used(tree):
+    """A key used only by warm runs (nothing changed, nothing written) is not taken for unused:
+    a read sets the file's time, at most once a day."""
+    from bnfix.cache import TOUCH_SECONDS
+
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "a.py": BUGGY})
+    hour_ago = time.time() - 3600
+    os.utime(root / "a.py", (hour_ago, hour_ago))  # not racy: the next runs write nothing
+    _lint(root)
+    (own,) = (root / ".bnfix_cache").glob("*.jsonl")
+    os.utime(own, (hour_ago, hour_ago))
+    _lint(root)
+    assert own.stat().st_mtime == hour_ago  # recent enough: not written for nothing
+    week_ago = time.time() - 7 * TOUCH_SECONDS
+    os.utime(own, (week_ago, week_ago))
+    _lint(root)
+    assert time.time() - own.stat().st_mtime < 60
+
+
+def test_inspect_cache_files_of_other_keys_are_pruned_by_their_own_prefix(tmp_path):
+    """`inspect`'s cache files (`inspect-<key>.json`) are pruned among themselves: check's
+    files in the same folder are not theirs to remove, nor the reverse."""
+    from bnfix.cache import STALE_CACHE_SECONDS, prune_other_keys
+
+    old = time.time() - STALE_CACHE_SECONDS - 3600
+    start = '{"format":1,"entries":{}}'
+    paths = [tmp_path / n for n in ("inspect-0123456789abcdef01234567.json",
+                                    "0123456789abcdef01234567.jsonl")]
+    for path in paths:
+        path.write_text(start)
+        os.utime(path, (old, old))
+    prune_other_keys(tmp_path / "inspect-89abcdef0123456789abcdef.json", "inspect-", ".json")
+    assert [p.exists() for p in paths] == [False, True]
+    prune_other_keys(tmp_path / "89abcdef0123456789abcdef.jsonl", "", ".jsonl")
+    assert not paths[1].exists()

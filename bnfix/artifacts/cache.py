@@ -46,7 +46,15 @@ from bnfix.artifacts.discover import Candidate
 from bnfix.artifacts.model import ArtifactFinding
 from bnfix.artifacts.parts import Stat, listed, stat
 from bnfix.artifacts.table import Table
-from bnfix.cache import CACHE_DIR, MAX_CACHE_BYTES, RACY_NS, prepare_folder, write_json
+from bnfix.cache import (
+    CACHE_DIR,
+    MAX_CACHE_BYTES,
+    RACY_NS,
+    mark_used,
+    prepare_folder,
+    prune_other_keys,
+    write_json,
+)
 from bnfix.source.reader import Skipped, SourceError, read_source
 
 FORMAT = 1
@@ -115,6 +123,8 @@ class InspectCache:
         self.path = folder / f"{PREFIX}{key[:24]}.json"
         self.started_ns = time.time_ns()
         self.entries: dict[str, Entry] = _load(self.path) if read else {}
+        if self.entries:
+            mark_used(self.path)
         self.changed: dict[str, Entry] = {}
         self.stale: set[str] = set()  # entries whose files changed: dropped when saved
 
@@ -160,6 +170,7 @@ class InspectCache:
                        and any(os.path.exists(path) for path in entry.files)}
             write_json(self.path, {"format": FORMAT,
                                    "entries": {k: _data(v) for k, v in entries.items()}})
+            prune_other_keys(self.path, PREFIX, ".json")
         except OSError:
             return
 
