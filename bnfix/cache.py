@@ -135,8 +135,8 @@ class Entry:
         self.mtime_ns = mtime_ns
         self.size = size
         self.digest = digest
-        self.context = context  # digest of the file's place in the project (its summary
-        # depends on it)
+        # digest of the file's place in the project (its summary depends on it)
+        self.context = context
         self.relevant = relevant
         self.summary = summary  # the summary as JSON text (parsed only when consulted)
         self.summary_digest = summary_digest
@@ -145,8 +145,7 @@ class Entry:
         self.findings = findings
         # the functions its calls resolve to, [module, qualname] (valid with `edges`)
         self.callees = callees
-        # digest of the summary's marks and BN APIs (project-wide facts every file's check
-        # reads)
+        # digest of the summary's marks and BN APIs (what every file's check reads)
         self.outline = outline
 
 
@@ -345,20 +344,24 @@ def mark_used(path: Path) -> None:
         pass  # a read-only cache: nothing to mark, nothing will be pruned either
 
 
+CACHE_START = b'{"format":'  # how check's and inspect's cache files begin
+
+
 def prune_other_keys(keep: Path, prefix: str, suffix: str) -> None:
-    """Remove the cache files beside `keep` that another key wrote (named `prefix`, 24 hex
-    digits, `suffix`, and starting as a bnfix cache does) and that no run used for
-    STALE_CACHE_SECONDS. Only regular files are looked at, and none that could be the
-    user's: `--cache-dir` may name a folder that holds other files."""
+    """Remove the cache files beside `keep` that another key wrote (named as `keep` is:
+    `prefix`, as many hex digits, `suffix`; and starting as a bnfix cache does) and that no
+    run used for STALE_CACHE_SECONDS. Only regular files are looked at, and none that could
+    be the user's: `--cache-dir` may name a folder that holds other files."""
     now = time.time()
+    length = len(keep.name)
     try:
         names = os.listdir(keep.parent)
     except OSError:
         return
     for name in names:
         key = name[len(prefix):len(name) - len(suffix)]
-        if name == keep.name or not name.startswith(prefix) or not name.endswith(suffix) or \
-                len(key) != 24 or key.strip("0123456789abcdef"):
+        if name == keep.name or len(name) != length or not name.startswith(prefix) or \
+                not name.endswith(suffix) or key.strip("0123456789abcdef"):
             continue
         path = keep.parent / name
         try:
@@ -371,9 +374,6 @@ def prune_other_keys(keep: Path, prefix: str, suffix: str) -> None:
             path.unlink()
         except OSError:
             continue
-
-
-CACHE_START = b'{"format":'  # how check's and inspect's cache files begin
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

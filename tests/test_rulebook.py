@@ -108,10 +108,12 @@ def test_the_parsed_rule_book_is_kept_in_the_cache_folder_and_checked_at_every_l
     import bnfix.rulebook as rulebook
     from bnfix.rulebook import rules_root
 
-    def same(a, b) -> bool:  # the catalogue compares by identity; the rules as written (an
-        # artifact example's statistics hold NaN, which == never matches)
-        return repr(a.rules) == repr(b.rules) and all(getattr(a.catalogue, f) == getattr(b.catalogue, f)
-                                          for f in ("apis", "aliases", "training", "layers"))
+    def same(a, b) -> bool:
+        # the catalogue compares by identity; the rules as written (an artifact example's
+        # statistics hold NaN, which == never matches)
+        return repr(a.rules) == repr(b.rules) and all(
+            getattr(a.catalogue, f) == getattr(b.catalogue, f)
+            for f in ("apis", "aliases", "training", "layers"))
 
     root, cache = tmp_path / "rules", tmp_path / "cache"
     shutil.copytree(rules_root(), root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))

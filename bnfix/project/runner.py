@@ -93,8 +93,8 @@ class Plan:
         self.ref = ref
         self.reported = reported
         self.ignored = ignored
-        self.context = context  # digest of the file's place in the project (its summary
-        # depends on it)
+        # digest of the file's place in the project (its summary depends on it)
+        self.context = context
         self.worker = worker
         self.entry = entry  # the cache's entry, when still fresh
         self.done: Summarised | None = None
