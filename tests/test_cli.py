@@ -263,11 +263,15 @@ START_UP_MODULES = (*ANALYSIS_MODULES, "dataclasses", "inspect", "shutil")
 
 def _loaded_after(argv: list[str], cwd, modules: tuple[str, ...] = START_UP_MODULES
                   ) -> tuple[str, list[str]]:
-    """What `bnfix.cli.main(argv)` printed, and which of `modules` it imported."""
+    """What `bnfix.cli.main(argv)` printed, and which of `modules` it imported (not those the
+    interpreter had loaded before: a site `.pth` file may import `shutil` at start-up)."""
     probe = (
-        "import sys, bnfix.cli\n"
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import bnfix.cli\n"
         f"code = bnfix.cli.main({argv!r})\n"
-        f"print('LOADED', [m for m in {modules!r} if m in sys.modules], 'CODE', code)\n"
+        f"print('LOADED', [m for m in {modules!r} if m in sys.modules and m not in before],"
+        " 'CODE', code)\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True,
                           check=False)
