@@ -141,3 +141,173 @@ def test_stdin_with_a_file_name_is_checked_with_its_project(tmp_path: Path):
                       "train.py", "-", cwd=root, stdin=text)
     assert fixed.returncode == 0, fixed.stderr
     assert fixed.stdout == unsaved and (root / "train.py").read_text() == text
+
+
+# tf-pose-estimation: the network's BN is built by `setup()`, which the base class's `__init__`
+# calls on the instance and each network class overrides, as fluent `self.feed(...).convb(...)`
+# chains of methods a same-module decorator (`@layer`) makes return the instance
+POSE_BASE = TF1 + """slim = tf.contrib.slim
+
+
+def layer(op):
+    def layer_decorated(self, *args, **kwargs):
+        output = op(self, self.terminals[0], *args, **kwargs)
+        self.feed(output)
+        return self
+    return layer_decorated
+
+
+class BaseNetwork(object):
+    def __init__(self, inputs, trainable=True):
+        self.terminals = [inputs]
+        self.trainable = trainable
+        self.setup()
+
+    def setup(self):
+        raise NotImplementedError('Must be implemented by the subclass.')
+
+    def feed(self, *args):
+        self.terminals = list(args)
+        return self
+
+    def get_output(self):
+        return self.terminals[-1]
+
+    @layer
+    def convb(self, input, k, c_o, name):
+        with slim.arg_scope([slim.batch_norm], decay=0.999, is_training=self.trainable):
+            return slim.conv2d(input, c_o, k, normalizer_fn=slim.batch_norm, scope=name)
+
+    @layer
+    def conv(self, input, k, c_o, name):
+        return slim.conv2d(input, c_o, k, scope=name)
+"""
+POSE_TRAIN = TF1 + """from pose.networks import get_network
+
+outputs = []
+for gpu_id in range(4):
+    with tf.device('/gpu:%d' % gpu_id):
+        with tf.variable_scope(tf.get_variable_scope(), reuse=(gpu_id > 0)):
+            net = get_network(inputs[gpu_id])
+            outputs.append(net.get_output())
+"""
+
+
+def _pose(tmp_path: Path, setup: str, init: str = "base.BaseNetwork.__init__(self, inputs)"
+          ) -> Path:
+    return write_tree(tmp_path, {
+        "pose/__init__.py": "",
+        "pose/base.py": POSE_BASE,
+        "pose/mobile.py": (
+            "from pose import base\n\n\nclass MobileNetwork(base.BaseNetwork):\n"
+            "    def __init__(self, inputs, width=1.0):\n"
+            "        self.width = width\n"
+            f"        {init}\n\n"
+            "    def setup(self):\n"
+            f"{setup}"),
+        "pose/networks.py": ("from pose.mobile import MobileNetwork\n\n\n"
+                             "def get_network(placeholder):\n"
+                             "    return MobileNetwork(placeholder)\n"),
+        "pose/train.py": POSE_TRAIN,
+    })
+
+
+def test_bn_built_by_a_method_the_base_init_calls_on_the_instance(tmp_path: Path):
+    """The tower loop builds BN: `get_network` -> `MobileNetwork.__init__` -> the base's
+    `__init__` (called with `self`) -> `self.setup()`, dispatched to the subclass's override
+    -> `self.feed(...).convb(...)`."""
+    root = _pose(tmp_path, "        (self.feed('image')\n"
+                           "         .conv(3, 16, name='stem')\n"
+                           "         .convb(3, 32, name='Conv2d_0'))\n")
+    assert rows(root, ["BN006"]) == {("pose/train.py", "BN006", 5)}
+    (finding,) = check_paths([root], select=["BN006"]).remaining
+    assert [r.path.rsplit("/", 2)[-2:] for r in finding.related] == [["pose", "base.py"]]
+
+
+def test_super_init_runs_the_base_init_on_the_instance(tmp_path: Path):
+    root = _pose(tmp_path, "        self.feed('image').convb(3, 32, name='Conv2d_0')\n",
+                 init="super().__init__(inputs)")
+    assert rows(root, ["BN006"]) == {("pose/train.py", "BN006", 5)}
+    old_style = _pose(tmp_path / "old", "        self.feed('image').convb(3, 32, name='c')\n",
+                      init="super(MobileNetwork, self).__init__(inputs)")
+    assert rows(old_style, ["BN006"]) == {("pose/train.py", "BN006", 5)}
+
+
+def test_super_init_in_the_same_file_passes_its_arguments(tmp_path: Path):
+    """The in-file analysis leaves `super()` to the index: the `False` the subclass passes
+    reaches the base's BN; the base built directly keeps its default."""
+    write_tree(tmp_path, {"one.py": TF1 + (
+        "\n\nclass Base(object):\n"
+        "    def __init__(self, inputs, trainable=True):\n"
+        "        self.out = tf.layers.batch_normalization(inputs, training=True,\n"
+        "                                                 trainable=trainable)\n\n\n"
+        "class Sub(Base):\n"
+        "    def __init__(self, inputs):\n"
+        "        super().__init__(inputs, False)\n\n\n"
+        "net = Sub(x)\nbase = Base(x)\n")})
+    assert rows(tmp_path, ["BN001"]) == {("one.py", "BN001", 12)}
+
+
+def test_no_bn_when_the_chain_leaves_the_instance_or_the_override_builds_none(tmp_path: Path):
+    """`get_output()` returns a tensor, not the instance: `.convb` after it is no method of the
+    network; an override without BN layers builds none, whatever the base's other methods do."""
+    leaves = _pose(tmp_path / "leaves", "        self.get_output().convb(3, 32, name='c')\n")
+    assert rows(leaves, ["BN006"]) == set()
+    plain = _pose(tmp_path / "plain", "        self.feed('image').conv(3, 32, name='c')\n")
+    assert rows(plain, ["BN006"]) == set()
+    # the base's own `setup` builds no BN: without the subclass, nothing is reached
+    never = _pose(tmp_path / "never", "        self.feed('image').convb(3, 32, name='c')\n",
+                  init="pass  # the base's __init__ never runs")
+    assert rows(never, ["BN006"]) == set()
+
+
+def test_a_base_method_called_through_its_class_binds_self_explicitly(tmp_path: Path):
+    """`Base.__init__(self, inputs, False)` passes `self` as the first argument: `False` is the
+    base's `trainable`, not its `inputs` (a classmethod binds its class; a staticmethod
+    nothing)."""
+    base = TF1 + (
+        "\n\nclass Base(object):\n"
+        "    def __init__(self, inputs, trainable=True):\n"
+        "        self.out = tf.layers.batch_normalization(inputs, training=True,\n"
+        "                                                 trainable=trainable)\n\n"
+        "    @staticmethod\n"
+        "    def norm(inputs, trainable=True):\n"
+        "        return tf.layers.batch_normalization(inputs, training=True,\n"
+        "                                             trainable=trainable)\n\n"
+        "    @classmethod\n"
+        "    def make(cls, inputs, trainable=True):\n"
+        "        return cls(inputs, trainable)\n")
+    write_tree(tmp_path, {
+        "nets/__init__.py": "",
+        "nets/base.py": base,
+        "nets/frozen.py": ("from nets.base import Base\n\n\nclass Frozen(Base):\n"
+                           "    def __init__(self, inputs):\n"
+                           "        Base.__init__(self, inputs, False)\n"),
+        "nets/open.py": ("from nets.base import Base\n\n\nclass Open(Base):\n"
+                         "    def __init__(self, inputs, flag=False):\n"
+                         "        Base.__init__(self, inputs)\n"),
+        "use.py": ("from nets.base import Base\n\n"
+                   "a = Base.norm(x, False)\n"
+                   "b = Base.make(x, False)\n"
+                   "c = Base.norm(x, True)\n"),
+    })
+    found = rows(tmp_path, ["BN001"])
+    assert ("nets/frozen.py", "BN001", 6) in found
+    assert ("use.py", "BN001", 3) in found and ("use.py", "BN001", 4) in found
+    assert not any(path in ("nets/open.py",) for path, _, _ in found)
+    assert ("use.py", "BN001", 5) not in found
+
+
+def test_a_fluent_chain_in_one_file(tmp_path: Path):
+    """The in-file analysis follows `self.feed(x).convb(...)` as the index does across files;
+    a chain whose first method returns something else (`self.output(x)`) leaves the instance."""
+    net = POSE_BASE.replace(
+        "    def setup(self):\n        raise NotImplementedError('Must be implemented by the "
+        "subclass.')\n",
+        "    def setup(self):\n        self.feed('image').convb(3, 32, name='Conv2d_0')\n")
+    loop = POSE_TRAIN.split("from pose.networks import get_network\n")[1].replace(
+        "get_network(", "BaseNetwork(")
+    write_tree(tmp_path, {"one.py": net + loop,
+                          "two.py": net.replace("self.feed('image').convb",
+                                                "self.get_output().convb") + loop})
+    assert rows(tmp_path, ["BN006"]) == {("one.py", "BN006", 39)}

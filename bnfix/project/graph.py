@@ -32,7 +32,7 @@ def module_links(index: ProjectIndex, module: str) -> tuple[list[str], list[list
     callees: set[tuple[str, str]] = set()
     for function in summary.functions.values():
         for call in function.calls:
-            callees.update(t.key for t in index.targets(module, call.target))
+            callees.update(t.key for t in index.call_targets(module, call, caller=function))
     targets.update(m for m, _ in callees)
     targets.discard(module)
     return sorted(targets), [list(key) for key in sorted(callees)]

@@ -29,12 +29,18 @@ MAX_STEPS = 200_000  # reach computations per index: recomputation inside call c
 CONSTRUCTION = ("__init__", "build")  # what building an instance of a class runs
 
 
+Receiver = tuple[str, str]  # (module, class name): the class of the instance a method runs on
+
+
 class Target(NamedTuple):
     """A function of the project (a class call runs its construction methods)."""
 
     module: str
     qualname: str
     bound: bool  # its first parameter (`self`) is not passed at the call
+    # the class of the instance it runs on, when the call decides it (a construction, or a
+    # method called on an instance whose class is known): `self.m()` inside dispatches there
+    receiver: Receiver | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -66,8 +72,8 @@ class ProjectIndex:
     def __init__(self, summaries: Mapping[str, ModuleSummary], modules: ModuleMap) -> None:
         self.summaries = summaries
         self.modules = modules
-        self._reach: dict[tuple[str, str], tuple[Reach, ...]] = {}
-        self._busy: set[tuple[str, str]] = set()
+        self._reach: dict[tuple[str, str, Receiver | None], tuple[Reach, ...]] = {}
+        self._busy: set[tuple[str, str, Receiver | None]] = set()
         self._cuts = 0  # times a recursion was cut (results computed meanwhile are partial)
         self._steps = 0
         self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
@@ -83,8 +89,8 @@ class ProjectIndex:
         # module -> the functions its calls resolve to (with `dependents`): `callers` reads
         # only the dependents that call the function asked about
         self.callees: Mapping[str, frozenset[tuple[str, str]]] | None = None
-        self._facts: dict[tuple[str, str], dict[str, list[tuple[str, Loc]]]] = {}
-        self._facts_busy: set[tuple[str, str]] = set()
+        self._facts: dict[tuple[str, str, Receiver | None], dict[str, list[tuple[str, Loc]]]] = {}
+        self._facts_busy: set[tuple[str, str, Receiver | None]] = set()
         self._marks: dict[str, list[tuple[str, Loc, str | None]]] | None = None
         self._marked: set[str] = set()
         self._apis: set[str] | None = None
@@ -137,12 +143,12 @@ class ProjectIndex:
             return ()
         head, _, tail = name.partition(".")
         if name in summary.functions:
-            return (Target(module, name, bound or self._is_method(summary, name)),)
+            return (Target(module, name, bound),)
         if head in summary.classes:
             if not tail:
                 return self._construction(module, head, depth)
             method = self._method(module, head, tail, depth)
-            return (method,) if method is not None else ()
+            return (method._replace(bound=bound),) if method is not None else ()
         imported = summary.imports.get(head)
         if imported is not None:
             found = self._locate(imported, summary.path, depth + 1)
@@ -160,18 +166,64 @@ class ProjectIndex:
                     return hit
         return ()
 
-    @staticmethod
-    def _is_method(summary: ModuleSummary, qualname: str) -> bool:
-        function = summary.functions[qualname]
-        return function.class_name is not None and "<locals>" not in qualname
-
     def _construction(self, module: str, cls: str, depth: int) -> tuple[Target, ...]:
         out = []
         for name in CONSTRUCTION:
             method = self._method(module, cls, name, depth)
             if method is not None:
-                out.append(method)
+                out.append(method._replace(receiver=(module, cls)))
         return tuple(out)
+
+    def call_targets(self, module: str, call: CallRecord, receiver: Receiver | None = None,
+                     caller: FunctionSummary | None = None) -> tuple[Target, ...]:
+        """The functions `call` (made in `module`, by `caller`) runs, binding as Python does:
+        `self.m()`, `super().m()` and the fluent `self.a().m()` dispatch on the instance's
+        class (`receiver`, the class of the instance `caller` runs on when a construction up
+        the call chain decided it; else the caller's own class), and so does `Base.m(self)`;
+        a method called through its class (`Base.m(obj)`) binds nothing, a classmethod binds
+        its class, a staticmethod nothing."""
+        if call.bound and call.target.startswith("@"):
+            return self._on_instance(module, call, receiver)
+        out = []
+        for target in self.targets(module, call.target):
+            function = self.function(*target.key)
+            if target.receiver is None and function is not None and _is_method(function):
+                bound = "classmethod" in function.method
+                first = call.args.get("#0")
+                passes_self = (not bound and caller is not None and _is_method(caller)
+                               and bool(caller.params) and "staticmethod" not in caller.method
+                               and first is not None and first.kind == "p"
+                               and first.value == caller.params[0].name)
+                target = target._replace(bound=bound,
+                                         receiver=receiver if passes_self else None)
+            out.append(target)
+        return tuple(out)
+
+    def _on_instance(self, module: str, call: CallRecord,
+                     receiver: Receiver | None) -> tuple[Target, ...]:
+        """A method called on the caller's own instance (`@Class.method`, bound)."""
+        cls, _, name = call.target[1:].rpartition(".")
+        static = (module, cls)
+        classes = self.mro(*receiver) if receiver is not None else []
+        keys = [(owner, klass.name) for owner, klass in classes]
+        if static not in keys:  # no receiver, or one that is no subclass: the caller's class
+            receiver = None
+            classes = self.mro(*static)
+            keys = [(owner, klass.name) for owner, klass in classes]
+            if static not in keys:
+                return ()
+        if call.super_call:
+            classes = classes[keys.index(static) + 1:]
+        for link in call.chain:  # each must hand the instance back
+            found = _find_method(classes, link)
+            if found is None or "returns_self" not in (self.function(*found) or _NONE).method:
+                return ()
+        found = _find_method(classes, name)
+        function = self.function(*found) if found is not None else None
+        if found is None or function is None:
+            return ()
+        bound = "staticmethod" not in function.method
+        return (Target(found[0], found[1], bound, receiver if bound else None),)
 
     def _method(self, module: str, cls: str, name: str, depth: int) -> Target | None:
         """`cls.name` in `module`, or inherited from a first-party base class."""
@@ -233,20 +285,24 @@ class ProjectIndex:
 
     # -- BatchNorm reached through calls -----------------------------------------------------
 
-    def reach(self, module: str, qualname: str) -> tuple[Reach, ...]:
+    def reach(self, module: str, qualname: str,
+              receiver: Receiver | None = None) -> tuple[Reach, ...]:
         """Every BN that calling `module.qualname` builds, its arguments in the function's
-        terms. In a cycle, a function whose reach is being computed further up the stack
-        contributes nothing there, and what was computed under that cut is not remembered
-        (it is computed again, whole, when asked from outside the cycle)."""
-        key = (module, qualname)
+        terms; a method run on an instance of `receiver` (a subclass of its own class)
+        dispatches its calls on `self` there. In a cycle, a function whose reach is being
+        computed further up the stack contributes nothing there, and what was computed under
+        that cut is not remembered (it is computed again, whole, when asked from outside the
+        cycle)."""
+        function = self.function(module, qualname)
+        summary = self.summaries.get(module)
+        if function is None or summary is None:
+            return ()
+        receiver = _own(function, module, receiver)
+        key = (module, qualname, receiver)
         if key in self._reach:
             return self._reach[key]
         if key in self._busy:
             self._cuts += 1
-            return ()
-        function = self.function(module, qualname)
-        summary = self.summaries.get(module)
-        if function is None or summary is None:
             return ()
         self._steps += 1
         if self._steps > MAX_STEPS:
@@ -262,7 +318,7 @@ class ProjectIndex:
             out.append(Reach(build.api, build.qualname, summary.path, build.loc, args, (),
                              build.unpacked, opt_out=build.opt_out))
         for call in function.calls:
-            for reached in self.reach_at(module, call):
+            for reached in self.reach_at(module, call, receiver, function):
                 out.append(reached)
                 if len(out) >= MAX_REACH:
                     break
@@ -279,18 +335,20 @@ class ProjectIndex:
         if why not in self.gave_up:
             self.gave_up.append(why)
 
-    def reach_at(self, module: str, call: CallRecord) -> list[Reach]:
-        """The BN that one call (made in `module`) reaches, in the caller's terms."""
+    def reach_at(self, module: str, call: CallRecord, receiver: Receiver | None = None,
+                 caller: FunctionSummary | None = None) -> list[Reach]:
+        """The BN that one call (made in `module` by `caller`, run on an instance of
+        `receiver`) reaches, in the caller's terms."""
         summary = self.summaries.get(module)
         if summary is None:
             return []
         out = []
-        for target in self.targets(module, call.target):
+        for target in self.call_targets(module, call, receiver, caller):
             callee = self.function(*target.key)
             callee_summary = self.summaries[target.module]
             if callee is None:
                 continue
-            for reached in self.reach(*target.key):
+            for reached in self.reach(*target.key, target.receiver):
                 args: dict[str, Ref] = {}
                 settable: dict[str, str] = {}
                 for name, value in reached.args.items():
@@ -302,7 +360,9 @@ class ProjectIndex:
                             settable[name] = value.value
                     else:
                         args[name] = value
-                hop = (summary.path, call.loc, call.target.lstrip("@"))
+                written = call.target.lstrip("@")  # or, on the instance, the method it runs
+                hop = (summary.path, call.loc,
+                       target.qualname if call.bound and call.target[0] == "@" else written)
                 out.append(Reach(reached.api, reached.qualname, reached.path, reached.loc, args,
                                  (hop, *reached.via), reached.unpacked or call.star, settable,
                                  reached.opt_out))
@@ -329,10 +389,13 @@ class ProjectIndex:
             return spec.default.at(callee_path), False
         return UNKNOWN, False
 
-    def facts_reached(self, module: str, qualname: str) -> dict[str, list[tuple[str, Loc]]]:
-        """The facts of every function that calling `module.qualname` runs (itself included),
-        each with where that function is."""
-        key = (module, qualname)
+    def facts_reached(self, module: str, qualname: str, receiver: Receiver | None = None
+                      ) -> dict[str, list[tuple[str, Loc]]]:
+        """The facts of every function that calling `module.qualname` (on an instance of
+        `receiver`, see `reach`) runs, itself included, each with where that function is."""
+        function = self.function(module, qualname)
+        receiver = _own(function, module, receiver) if function is not None else None
+        key = (module, qualname, receiver)
         if key in self._facts:
             return self._facts[key]
         if key in self._facts_busy:
@@ -343,14 +406,13 @@ class ProjectIndex:
             return {}
         cuts = self._cuts
         self._facts_busy.add(key)
-        function = self.function(module, qualname)
         summary = self.summaries.get(module)
         out: dict[str, list[tuple[str, Loc]]] = {}
         if function is not None and summary is not None:
             for fact in function.facts:
                 out.setdefault(fact, []).append((summary.path, function.loc))
             for call in function.calls:
-                for fact, places in self.facts_at(module, call).items():
+                for fact, places in self.facts_at(module, call, receiver, function).items():
                     mine = out.setdefault(fact, [])
                     mine.extend(p for p in places if p not in mine)
         self._facts_busy.discard(key)
@@ -358,10 +420,11 @@ class ProjectIndex:
             self._facts[key] = out
         return out
 
-    def facts_at(self, module: str, call: CallRecord) -> dict[str, list[tuple[str, Loc]]]:
+    def facts_at(self, module: str, call: CallRecord, receiver: Receiver | None = None,
+                 caller: FunctionSummary | None = None) -> dict[str, list[tuple[str, Loc]]]:
         out: dict[str, list[tuple[str, Loc]]] = {}
-        for target in self.targets(module, call.target):
-            for fact, places in self.facts_reached(*target.key).items():
+        for target in self.call_targets(module, call, receiver, caller):
+            for fact, places in self.facts_reached(*target.key, target.receiver).items():
                 out.setdefault(fact, []).extend(places)
         return out
 
@@ -428,13 +491,37 @@ class ProjectIndex:
             return
         for function in summary.functions.values():
             for call in function.calls:
-                for target in self.targets(reader, call.target):
+                for target in self.call_targets(reader, call, caller=function):
                     self._callers.setdefault(target.key, []).append(
                         Caller(reader, function.qualname, call))
 
     def module_of_path(self, path: str) -> str | None:
         record = self.modules.of(path)
         return record.name if record is not None else None
+
+
+_NONE = FunctionSummary("", "", None, (0, 0, 0, 0), ())
+
+
+def _own(function: FunctionSummary, module: str, receiver: Receiver | None) -> Receiver | None:
+    """The class of the instance a function runs on: none for a function, the given one for
+    a method, else the method's own class."""
+    if not _is_method(function):
+        return None
+    assert function.class_name is not None
+    return receiver if receiver is not None else (module, function.class_name)
+
+
+def _is_method(function: FunctionSummary) -> bool:
+    return function.class_name is not None and "<locals>" not in function.qualname
+
+
+def _find_method(classes: list[tuple[str, ClassSummary]], name: str) -> tuple[str, str] | None:
+    """The first class of an MRO that defines `name`: (its module, `Class.name`)."""
+    for owner, klass in classes:
+        if name in klass.methods:
+            return owner, f"{klass.name}.{name}"
+    return None
 
 
 def _mark(value: Ref, path: str) -> Ref:

@@ -471,7 +471,7 @@ class ProjectRunner:
                 function = index.function(module, qualname)
                 if function is not None:
                     called.update(t.key for call in function.calls
-                                  for t in index.targets(module, call.target))
+                                  for t in index.call_targets(module, call, caller=function))
             frontier = called - seen
             seen |= frontier
         reached = {m for m, _ in seen}

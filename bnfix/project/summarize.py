@@ -20,6 +20,7 @@ from bnfix.project.summary import (
     Ref,
 )
 from bnfix.source.torch_context import freeze_switch
+from bnfix.source.walk import binding, self_chain
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -83,6 +84,7 @@ class Summarizer:
                 bn=tuple(bn.get(name, ())), calls=tuple(calls.get(name, ())),
                 facts=tuple(sorted(facts.get(name, ()))),
                 returns=self._returns(function),
+                method=binding(self.w, function) if function.class_name is not None else (),
             )
         if MODULE_SCOPE in bn or MODULE_SCOPE in calls:
             functions[MODULE_SCOPE] = FunctionSummary(
@@ -125,6 +127,12 @@ class Summarizer:
                 continue
             target, bound = target
             out.append((raw, self._record(raw, target, bound)))
+        for raw in self.w.chained_calls:
+            method = self._instance_method(raw)
+            if method is not None:
+                target, chained = method
+                record = self._record(raw, target, True)
+                out.append((raw, record._replace(super_call=not chained, chain=chained)))
         self.r._call_records = out  # type: ignore[attr-defined]
         return out
 
@@ -137,6 +145,9 @@ class Summarizer:
         if isinstance(func, ast.Name):
             if func.id in self.w.class_names or func.id in self._top_functions:
                 return f"@{func.id}", False
+            function = raw.ctx.function
+            if func.id == "cls" and function is not None and function.class_name is not None:
+                return f"@{function.class_name}", False  # a classmethod's `cls(...)`
             return None
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             owner = func.value.id
@@ -148,6 +159,17 @@ class Summarizer:
             if owner in self.w.class_names:
                 return f"@{owner}.{func.attr}", False
         return None
+
+    def _instance_method(self, raw: RawCall) -> tuple[str, tuple[str, ...]] | None:
+        """`super().m()` and `self.a().m()` in a method of class C: (`@C.m`, the chain's
+        methods; () for `super`). The index resolves them on the instance's class."""
+        func = raw.call.func
+        function = raw.ctx.function
+        assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call)
+        found = self_chain(func.value)
+        if found is None or function is None or function.class_name is None:
+            return None
+        return f"@{function.class_name}.{func.attr}", found[1]
 
     @functools.cached_property
     def _top_functions(self) -> set[str]:

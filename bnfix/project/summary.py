@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-FORMAT = 2
+FORMAT = 3
 Loc = tuple[int, int, int, int]  # start row, start column, end row, end column (0-based cols)
 MODULE_SCOPE = "<module>"  # the pseudo-function holding a module's top-level code
 
@@ -89,6 +89,11 @@ class CallRecord(NamedTuple):
     tags: tuple[str, ...] = ()  # lexical context: `tower`, `strategy`, `no_grad`, `prepared:<arg>`
     texts: tuple[tuple[str, str], ...] = ()  # (arg key as in `args`, its source text)
     assigned: str | None = None  # the name the result is assigned to (`model = build()`)
+    # the instance's own methods reached through a call: `super().m()` (`super_call`: the
+    # next class in the instance's MRO after the caller's) and `self.a(x).m()` (`chain`: the
+    # methods called on the way, each of which must return `self`)
+    super_call: bool = False
+    chain: tuple[str, ...] = ()
 
 
 class FunctionSummary(NamedTuple):
@@ -101,6 +106,9 @@ class FunctionSummary(NamedTuple):
     calls: tuple[CallRecord, ...] = ()
     facts: tuple[str, ...] = ()
     returns: tuple[str, ...] = ()  # absolute names of what its return values are built by
+    # a method's binding and return, for dispatch on the instance (not facts: nothing about
+    # BN): `staticmethod`, `classmethod`, `returns_self`
+    method: tuple[str, ...] = ()
 
     def param(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)
@@ -220,20 +228,20 @@ def _function_data(f: FunctionSummary) -> list[Any]:
         [[p.name, p.index, p.default.to_data() if p.default else None] for p in f.params],
         [[b.api, b.qualname, list(b.loc), _refs(b.args), b.unpacked, b.opt_out] for b in f.bn],
         [[c.target, list(c.loc), _refs(c.args), c.star, c.bound, list(c.tags), list(c.texts),
-          c.assigned] for c in f.calls],
-        list(f.facts), list(f.returns),
+          c.assigned, c.super_call, list(c.chain)] for c in f.calls],
+        list(f.facts), list(f.returns), list(f.method),
     ]
 
 
 def _function_from(item: list[Any]) -> FunctionSummary:
-    qualname, name, class_name, loc, params, bn, calls, facts, returns = item
+    qualname, name, class_name, loc, params, bn, calls, facts, returns, method = item
     return FunctionSummary(
         qualname=qualname, name=name, class_name=class_name, loc=tuple(loc),  # type: ignore[arg-type]
         params=tuple(ParamSpec(n, i, Ref.from_data(d) if d else None) for n, i, d in params),
         bn=tuple(BNBuild(a, q, tuple(lc), _unrefs(args), u, o)  # type: ignore[arg-type]
                  for a, q, lc, args, u, o in bn),
         calls=tuple(CallRecord(t, tuple(lc), _unrefs(args), s, b, tuple(tags),  # type: ignore[arg-type]
-                               tuple(tuple(x) for x in texts), asg)
-                    for t, lc, args, s, b, tags, texts, asg in calls),
-        facts=tuple(facts), returns=tuple(returns),
+                               tuple(tuple(x) for x in texts), asg, sup, tuple(chain))
+                    for t, lc, args, s, b, tags, texts, asg, sup, chain in calls),
+        facts=tuple(facts), returns=tuple(returns), method=tuple(method),
     )

@@ -178,19 +178,20 @@ def file_context(index: ProjectIndex, module_id: str,
     for function in summary.functions.values():
         for call in function.calls:
             if call.target.startswith("@") and all(
-                    t.module == module_id for t in index.targets(module_id, call.target)):
+                    t.module == module_id
+                    for t in index.call_targets(module_id, call, caller=function)):
                 continue  # reached through this module's own functions: seen in-file already
-            reached = tuple(index.reach_at(module_id, call))
+            reached = tuple(index.reach_at(module_id, call, caller=function))
             if reached:
                 context.reaches[call.loc] = reached
-            for fact, places in index.facts_at(module_id, call).items():
+            for fact, places in index.facts_at(module_id, call, caller=function).items():
                 seen = facts.setdefault(fact, {})  # each place once: many calls reach the same
                 seen.update((p, None) for p in places if p[0] != summary.path)
             built = _instantiated(index, module_id, call)
             if built is not None:
                 context.instances[call.loc] = built
         for call in function.calls:
-            steps = _helper_steps(index, module_id, call)
+            steps = _helper_steps(index, module_id, call, function)
             if steps:
                 context.steps[call.loc] = steps
     context.facts = {k: list(v) for k, v in facts.items() if v}
@@ -216,11 +217,12 @@ def _graph_facts(index: ProjectIndex, module: str, function: str,
     return tuple(sorted(facts))
 
 
-def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord) -> list[HelperStep]:
+def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord,
+                  caller: FunctionSummary) -> list[HelperStep]:
     """One step per kind: what the helper does to the argument it is passed, else to what it
     returns (a helper that converts its parameter and returns it does one conversion)."""
     out: list[HelperStep] = []
-    for target in index.targets(module_id, call.target):
+    for target in index.call_targets(module_id, call, caller=caller):
         function = index.function(*target.key)
         if function is None:
             continue
@@ -365,7 +367,8 @@ def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
         if caller.module == local and callee[0] == local:
             continue  # a call inside the module itself: resolved in-file
         summary = index.summaries[caller.module]
-        bound = next((t.bound for t in index.targets(caller.module, caller.call.target)
+        bound = next((t.bound for t in index.call_targets(
+            caller.module, caller.call, caller=summary.functions.get(caller.function))
                       if t.key == callee), caller.call.bound)
         key = None if caller.function == MODULE_SCOPE else (caller.module, caller.function)
         facts = summary.facts + _graph_facts(index, caller.module, caller.function, registers) \

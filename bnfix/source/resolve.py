@@ -45,7 +45,7 @@ from bnfix.ir import (
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
 from bnfix.source.torch_context import TorchContext, conditions_of
-from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, fkey
+from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey, self_chain
 
 TRACE_DEPTH = 6
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -246,7 +246,7 @@ class Resolver:
         done = self._done_sites
         for _ in range(3):
             callers: set[int] = set()
-            for raw in self.w.local_calls:
+            for raw in [*self.w.local_calls, *self.w.chained_calls]:
                 for function, skip in self._targets(raw, by_name):
                     key = (id(raw.call), id(function))
                     if id(function) not in needed or key in done:
@@ -275,6 +275,8 @@ class Resolver:
             if not functions:  # `Net(...)` runs `Net.__init__`
                 return [(f, True) for f in by_name.get((func.id, "__init__"), [])]
             return [(f, False) for f in functions]
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
+            return self._instance_targets(raw, func.attr, func.value, by_name)
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
             return []
         owner = func.value.id
@@ -286,6 +288,46 @@ class Resolver:
             candidates = [f for f in self.w.functions if f.name == func.attr and f.class_name]
             targets = candidates if len(candidates) == 1 else []
         return [(f, f.class_name is not None and id(f) not in self.w.static) for f in targets]
+
+    def _instance_targets(self, raw: RawCall, name: str, receiver: ast.Call,
+                          by_name: dict[tuple[str | None, str], list[FunctionInfo]]
+                          ) -> list[tuple[FunctionInfo, bool]]:
+        """`super().name()` (the method of the nearest base class of this file that has it)
+        and `self.a().name()` (while each method on the way returns `self`), in a method of
+        class C of this file: what the project index resolves the same way when the classes
+        are in other files."""
+        found = self_chain(receiver)
+        cls = raw.ctx.function.class_name if raw.ctx.function else None
+        if found is None or cls is None:
+            return []
+        bases = self._bases.get(cls, [])
+        classes = bases if found[0] == "super" else [cls, *bases]
+
+        def lookup(method: str) -> list[FunctionInfo]:
+            return next((by_name[(k, method)] for k in classes if by_name.get((k, method))), [])
+
+        for link in found[1]:  # each must hand the instance back
+            links = lookup(link)
+            if not links or not all("returns_self" in binding(self.w, f) for f in links):
+                return []
+        return [(f, id(f) not in self.w.static) for f in lookup(name)]
+
+    @functools.cached_property
+    def _bases(self) -> dict[str, list[str]]:
+        """Each class of the module: its base classes defined in the module, nearest first."""
+        direct = {node.name: [b.id for b in node.bases if isinstance(b, ast.Name)]
+                  for node, ctx in self.w.class_defs if ctx.function is None}
+        out: dict[str, list[str]] = {}
+        for cls, own in direct.items():
+            order: list[str] = []
+            queue = list(own)
+            while queue and len(order) < 32:
+                base = queue.pop(0)
+                if base in direct and base not in order and base != cls:
+                    order.append(base)
+                    queue.extend(direct[base])
+            out[cls] = order
+        return out
 
     def _call_site(self, function: FunctionInfo, raw: RawCall, skip_first: bool) -> CallSite:
         call = raw.call

@@ -166,6 +166,9 @@ class Walker:
         self.run_raw: list[RawCall] = []
         self.apply_raw: list[RawCall] = []
         self.local_calls: list[RawCall] = []
+        # `super().m(...)` and fluent `self.a(...).m(...)`: methods of the instance reached
+        # through a call (see `self_chain`)
+        self.chained_calls: list[RawCall] = []
         self.loops: list[Loop] = []
         self.uses_compat_v1 = False
         self.uses_contrib = False  # TF1-only `tf.contrib` (slim included) is used
@@ -638,6 +641,8 @@ class Walker:
             owner = func.value.id if isinstance(func.value, ast.Name) else None
             if owner in ("self", "cls") or owner in self.class_names:
                 self.local_calls.append(raw)
+            elif isinstance(func.value, ast.Call) and self_chain(func.value) is not None:
+                self.chained_calls.append(raw)
             if _plain_receiver(func.value):
                 raw.kind = attr
                 self.attr_calls.append(raw)
@@ -742,6 +747,68 @@ def _is_entry_index(expr: ast.expr) -> bool:
 def _zip(target: ast.expr) -> Zip:
     names = frozenset(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     return Zip(names, target.id if isinstance(target, ast.Name) else None)
+
+
+def binding(walker: Walker, function: FunctionInfo) -> tuple[str, ...]:
+    """How a method binds and what it returns: `staticmethod` / `classmethod`, and
+    `returns_self` when every return gives the instance back (so `self.m().n()` calls `n` on
+    it): from the method's own returns, or, decorated, from its decorator's wrapper when that
+    decorator is a function of this module (`def layer(op): def wrapper(self, ...): ...;
+    return self`)."""
+    decorators = walker.function_nodes[id(function)].decorator_list
+    facts = {d.id for d in decorators if isinstance(d, ast.Name)} & {"staticmethod",
+                                                                     "classmethod"}
+    if "staticmethod" in facts:
+        return ("staticmethod",)
+    wrapped = [d for d in decorators if not (isinstance(d, ast.Name) and d.id == "classmethod")]
+    returner: FunctionInfo | None = function
+    if wrapped:
+        returner = _wrapper_of(walker, wrapped[0].id) \
+            if len(wrapped) == 1 and isinstance(wrapped[0], ast.Name) else None
+    if returner is not None and _returns_first(walker, returner):
+        facts.add("returns_self")
+    return tuple(sorted(facts))
+
+
+def _wrapper_of(walker: Walker, decorator: str) -> FunctionInfo | None:
+    """The function a decorator of this module (a top-level function) returns when it
+    returns one it defines."""
+    outer = next((f for f in walker.functions if f.qualname == decorator), None)
+    if outer is None:
+        return None
+    values = walker.returns.get(id(outer), [])
+    if len(values) != 1 or not isinstance(values[0], ast.Name):
+        return None
+    inner = f"{decorator}.<locals>.{values[0].id}"
+    return next((f for f in walker.functions if f.qualname == inner), None)
+
+
+def _returns_first(walker: Walker, function: FunctionInfo) -> bool:
+    """Every `return` of `function` returns its first parameter (and it has one)."""
+    first = next(iter(function.params), None)
+    values = walker.returns.get(id(function), [])
+    if first is None or not values or not all(isinstance(v, ast.Name) and v.id == first
+                                              for v in values):
+        return False
+    node = walker.function_nodes[id(function)]  # no bare `return` (nested ones count too)
+    return not any(isinstance(n, ast.Return) and n.value is None for n in ast.walk(node))
+
+
+def self_chain(receiver: ast.Call) -> tuple[str, tuple[str, ...]] | None:
+    """The instance a method is called on through a call: `super()` / `super(C, self)` as
+    (`super`, ()), and a fluent chain `self.a(x).b(y)` as (`self`, ("a", "b")): the methods
+    called on the way, which must each return `self` for the chain to stay on the instance."""
+    func = receiver.func
+    if isinstance(func, ast.Name) and func.id == "super" and len(receiver.args) in (0, 2):
+        return "super", ()
+    links: list[str] = []
+    node: ast.expr = receiver
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        links.append(node.func.attr)
+        node = node.func.value
+    if isinstance(node, ast.Name) and node.id in ("self", "cls") and links:
+        return node.id, tuple(reversed(links))
+    return None
 
 
 def _plain_receiver(expr: ast.expr) -> bool:
