@@ -77,6 +77,12 @@ class ProjectIndex:
         self._cuts = 0  # times a recursion was cut (results computed meanwhile are partial)
         self._steps = 0
         self._targets: dict[tuple[str, str], tuple[Target, ...]] = {}
+        self._instance: dict[tuple[Any, ...], tuple[Target, ...]] = {}
+        self._names: dict[tuple[str, str], frozenset[str]] = {}
+        self._overrides: dict[tuple[Receiver, Receiver], frozenset[str]] = {}
+        self._mros: dict[Receiver, list[tuple[str, ClassSummary]]] = {}
+        self._through: dict[tuple[str, str], tuple[tuple[Target, ...],
+                                                   frozenset[tuple[str, str]]]] = {}
         # the calls of the modules read so far, by callee; `callers` reads the module asked
         # about and its direct dependents (every module without `dependents`)
         self._callers: dict[tuple[str, str], list[Caller]] = {}
@@ -184,31 +190,114 @@ class ProjectIndex:
         its class, a staticmethod nothing."""
         if call.bound and call.target.startswith("@"):
             return self._on_instance(module, call, receiver)
+        targets, unbound = self._through_class(module, call.target)
+        if receiver is None or not unbound or not _passes_self(call, caller):
+            return targets
+        return tuple(t._replace(receiver=receiver) if t.key in unbound else t for t in targets)
+
+    def _through_class(self, module: str, target: str
+                       ) -> tuple[tuple[Target, ...], frozenset[tuple[str, str]]]:
+        key = (module, target)
+        found = self._through.get(key)
+        if found is None:
+            found = self._through[key] = self._bind_through_class(module, target)
+        return found
+
+    def _bind_through_class(self, module: str, target: str
+                            ) -> tuple[tuple[Target, ...], frozenset[tuple[str, str]]]:
+        """A call's targets as named (not on the instance): a method called through its class
+        binds only when it is a classmethod; also the plain methods among them (those that
+        run on the instance passed first)."""
         out = []
-        for target in self.targets(module, call.target):
-            function = self.function(*target.key)
-            if target.receiver is None and function is not None and _is_method(function):
+        unbound = set()
+        for found in self.targets(module, target):
+            function = self.function(*found.key)
+            if found.receiver is None and function is not None and _is_method(function):
                 bound = "classmethod" in function.method
-                first = call.args.get("#0")
-                passes_self = (not bound and caller is not None and _is_method(caller)
-                               and bool(caller.params) and "staticmethod" not in caller.method
-                               and first is not None and first.kind == "p"
-                               and first.value == caller.params[0].name)
-                target = target._replace(bound=bound,
-                                         receiver=receiver if passes_self else None)
-            out.append(target)
-        return tuple(out)
+                if not bound and "staticmethod" not in function.method:
+                    unbound.add(found.key)
+                found = found._replace(bound=bound)
+            out.append(found)
+        return tuple(out), frozenset(unbound)
+
+    def _receiver(self, function: FunctionSummary, module: str,
+                  receiver: Receiver | None) -> Receiver | None:
+        """The class of the instance a function runs on, as far as it changes what it runs:
+        none for a function; for a method, `receiver` when that subclass overrides a method the
+        method calls on its instance (directly or through such calls), else its own class
+        (whose reach is then the same, and computed once)."""
+        if not _is_method(function):
+            return None
+        assert function.class_name is not None
+        static = (module, function.class_name)
+        if receiver is None or receiver == static:
+            return static
+        key = (receiver, static)
+        overridden = self._overrides.get(key)
+        if overridden is None:
+            classes = self._mro(receiver)
+            keys = [(owner, klass.name) for owner, klass in classes]
+            overridden = frozenset(name for _, klass in classes[:keys.index(static)]
+                                   for name in klass.methods) if static in keys else frozenset()
+            self._overrides[key] = overridden
+        return receiver if overridden & self._self_names(module, function.qualname) else static
+
+    def _self_names(self, module: str, qualname: str) -> frozenset[str]:
+        """The methods a method calls on its own instance, directly or through the methods it
+        so calls (and those it passes `self` to): what a subclass can change under it."""
+        key = (module, qualname)
+        found = self._names.get(key)
+        if found is not None:
+            return found
+        names: set[str] = set()
+        seen = {key}
+        todo = [key]
+        while todo and len(seen) <= MAX_REACH:
+            owner, name = todo.pop()
+            function = self.function(owner, name)
+            if function is None or not _is_method(function):
+                continue
+            for call in function.calls:
+                if call.bound and call.target.startswith("@"):
+                    names.add(call.target.rpartition(".")[2])
+                    names.update(call.chain)
+                    targets = self._on_instance(owner, call, None)
+                elif _passes_self(call, function):
+                    found, unbound = self._through_class(owner, call.target)
+                    targets = tuple(t for t in found if t.key in unbound)
+                else:
+                    continue
+                for target in targets:
+                    if target.key not in seen:
+                        seen.add(target.key)
+                        todo.append(target.key)
+        found = self._names[key] = frozenset(names)
+        return found
+
+    def _mro(self, receiver: Receiver) -> list[tuple[str, ClassSummary]]:
+        found = self._mros.get(receiver)
+        if found is None:
+            found = self._mros[receiver] = self.mro(*receiver)
+        return found
 
     def _on_instance(self, module: str, call: CallRecord,
                      receiver: Receiver | None) -> tuple[Target, ...]:
         """A method called on the caller's own instance (`@Class.method`, bound)."""
+        key = (module, call.target, call.super_call, call.chain, receiver)
+        found = self._instance.get(key)
+        if found is None:
+            found = self._instance[key] = self._dispatch(module, call, receiver)
+        return found
+
+    def _dispatch(self, module: str, call: CallRecord,
+                  receiver: Receiver | None) -> tuple[Target, ...]:
         cls, _, name = call.target[1:].rpartition(".")
         static = (module, cls)
-        classes = self.mro(*receiver) if receiver is not None else []
+        classes = self._mro(receiver) if receiver is not None else []
         keys = [(owner, klass.name) for owner, klass in classes]
         if static not in keys:  # no receiver, or one that is no subclass: the caller's class
             receiver = None
-            classes = self.mro(*static)
+            classes = self._mro(static)
             keys = [(owner, klass.name) for owner, klass in classes]
             if static not in keys:
                 return ()
@@ -297,7 +386,7 @@ class ProjectIndex:
         summary = self.summaries.get(module)
         if function is None or summary is None:
             return ()
-        receiver = _own(function, module, receiver)
+        receiver = self._receiver(function, module, receiver)
         key = (module, qualname, receiver)
         if key in self._reach:
             return self._reach[key]
@@ -394,7 +483,7 @@ class ProjectIndex:
         """The facts of every function that calling `module.qualname` (on an instance of
         `receiver`, see `reach`) runs, itself included, each with where that function is."""
         function = self.function(module, qualname)
-        receiver = _own(function, module, receiver) if function is not None else None
+        receiver = self._receiver(function, module, receiver) if function is not None else None
         key = (module, qualname, receiver)
         if key in self._facts:
             return self._facts[key]
@@ -503,17 +592,18 @@ class ProjectIndex:
 _NONE = FunctionSummary("", "", None, (0, 0, 0, 0), ())
 
 
-def _own(function: FunctionSummary, module: str, receiver: Receiver | None) -> Receiver | None:
-    """The class of the instance a function runs on: none for a function, the given one for
-    a method, else the method's own class."""
-    if not _is_method(function):
-        return None
-    assert function.class_name is not None
-    return receiver if receiver is not None else (module, function.class_name)
 
 
 def _is_method(function: FunctionSummary) -> bool:
     return function.class_name is not None and "<locals>" not in function.qualname
+
+
+def _passes_self(call: CallRecord, caller: FunctionSummary | None) -> bool:
+    """`Base.m(self, ...)` in a method: its first argument is the caller's instance."""
+    first = call.args.get("#0")
+    return caller is not None and first is not None and first.kind == "p" and \
+        _is_method(caller) and bool(caller.params) and \
+        first.value == caller.params[0].name and "staticmethod" not in caller.method
 
 
 def _find_method(classes: list[tuple[str, ClassSummary]], name: str) -> tuple[str, str] | None:

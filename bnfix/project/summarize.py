@@ -96,7 +96,7 @@ class Summarizer:
                      if self.w.imports.first_party(target)},
             star_imports=tuple(self.w.imports.star),
             functions=functions,
-            classes=self._classes(),
+            classes=self._class_summaries,
             constants=self._constants(),
             facts=tuple(sorted(self.module_facts())),
             marks=tuple((m.kind, loc(m.span), m.function) for m in self.module.marks),
@@ -169,7 +169,14 @@ class Summarizer:
         found = self_chain(func.value)
         if found is None or function is None or function.class_name is None:
             return None
+        if found[0] == "super" and function.class_name not in self._derived:
+            return None  # `super().__init__()` of a class with no first-party base
         return f"@{function.class_name}.{func.attr}", found[1]
+
+    @functools.cached_property
+    def _derived(self) -> set[str]:
+        """The classes with a first-party base (where `super()` can lead)."""
+        return {name for name, klass in self._class_summaries.items() if klass.bases}
 
     @functools.cached_property
     def _top_functions(self) -> set[str]:
@@ -317,7 +324,8 @@ class Summarizer:
 
     # -- classes and constants -------------------------------------------------------------------
 
-    def _classes(self) -> dict[str, ClassSummary]:
+    @functools.cached_property
+    def _class_summaries(self) -> dict[str, ClassSummary]:
         out = {}
         for node, ctx in self.w.class_defs:
             if ctx.function is not None:

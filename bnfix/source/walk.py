@@ -773,14 +773,16 @@ def binding(walker: Walker, function: FunctionInfo) -> tuple[str, ...]:
 def _wrapper_of(walker: Walker, decorator: str) -> FunctionInfo | None:
     """The function a decorator of this module (a top-level function) returns when it
     returns one it defines."""
-    outer = next((f for f in walker.functions if f.qualname == decorator), None)
+    if decorator not in walker.names:  # `property`, `abstractmethod`: defined elsewhere
+        return None
+    by_qualname = {f.qualname: f for f in walker.functions}
+    outer = by_qualname.get(decorator)
     if outer is None:
         return None
     values = walker.returns.get(id(outer), [])
     if len(values) != 1 or not isinstance(values[0], ast.Name):
         return None
-    inner = f"{decorator}.<locals>.{values[0].id}"
-    return next((f for f in walker.functions if f.qualname == inner), None)
+    return by_qualname.get(f"{decorator}.<locals>.{values[0].id}")
 
 
 def _returns_first(walker: Walker, function: FunctionInfo) -> bool:
