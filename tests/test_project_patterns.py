@@ -311,3 +311,19 @@ def test_a_fluent_chain_in_one_file(tmp_path: Path):
                           "two.py": net.replace("self.feed('image').convb",
                                                 "self.get_output().convb") + loop})
     assert rows(tmp_path, ["BN006"]) == {("one.py", "BN006", 39)}
+
+
+def test_editing_the_override_rechecks_the_tower_loop(tmp_path: Path):
+    """The cache: train.py's findings depend on the subclass's `setup()` two imports away;
+    an edit there (its BN taken out, then put back) changes them on the next warm run as a
+    run without the cache finds."""
+    root = _pose(tmp_path, "        self.feed('image').convb(3, 32, name='Conv2d_0')\n")
+    (root / "pyproject.toml").write_text("[tool.bnfix]\n")
+    args = ("check", "--select", "BN006", "--output-format", "concise", ".")
+    assert "train.py:5:1: BN006" in run_bnfix(*args, cwd=root).stdout
+    mobile = root / "pose/mobile.py"
+    mobile.write_text(mobile.read_text().replace(".convb(", ".conv("))
+    warm = run_bnfix(*args, cwd=root)
+    assert warm.returncode == 0 and warm.stdout == run_bnfix(*args, "--no-cache", cwd=root).stdout
+    mobile.write_text(mobile.read_text().replace(".conv(", ".convb("))
+    assert "train.py:5:1: BN006" in run_bnfix(*args, cwd=root).stdout
