@@ -327,3 +327,21 @@ def test_editing_the_override_rechecks_the_tower_loop(tmp_path: Path):
     assert warm.returncode == 0 and warm.stdout == run_bnfix(*args, "--no-cache", cwd=root).stdout
     mobile.write_text(mobile.read_text().replace(".conv(", ".convb("))
     assert "train.py:5:1: BN006" in run_bnfix(*args, cwd=root).stdout
+
+
+INHERITED = TF1 + (
+    "\n\nclass Base(object):\n"
+    "    def __init__(self, inputs, trainable=True):\n"
+    "        self.out = tf.layers.batch_normalization(inputs, training=True,\n"
+    "                                                 trainable=trainable)\n\n\n"
+    "class Sub(Base):\n"
+    "    pass\n")
+
+
+def test_a_subclass_without_its_own_init_builds_its_bases_bn(tmp_path: Path):
+    """`Sub(x, False)` runs the `__init__` `Sub` inherits: in another file (which mentions
+    only `Sub`, so the pre-filter must know that constructing it builds BN) and in the same
+    file (the in-file analysis follows the inheritance too)."""
+    write_tree(tmp_path, {"nets.py": INHERITED, "use.py": "from nets import Sub\n\nnet = Sub(x, False)\n",
+                          "one.py": INHERITED + "\n\nnet = Sub(x, False)\nok = Sub(x)\n"})
+    assert rows(tmp_path, ["BN001"]) == {("use.py", "BN001", 3), ("one.py", "BN001", 14)}

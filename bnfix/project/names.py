@@ -47,7 +47,10 @@ def contributions(index: ProjectIndex, modules: Iterable[str], digests: Mapping[
                 found.add((tail, function.class_name or function.name))
                 defined.add(function.class_name or function.qualname)
         for klass in summary.classes.values():
-            if klass.facts:
+            if klass.facts or klass.name not in defined and any(
+                    index.reach(t.module, t.qualname, t.receiver)
+                    for t in index.targets(module, "@" + klass.name)):
+                # its construction builds BN, also through an inherited `__init__`
                 found.add((tail, klass.name))
                 defined.add(klass.name)
     # the other names a module gives them (`from .blocks import conv_bn as cb` in a package's

@@ -272,8 +272,11 @@ class Resolver:
         func = raw.call.func
         if isinstance(func, ast.Name):
             functions = by_name.get((None, func.id), [])
-            if not functions:  # `Net(...)` runs `Net.__init__`
-                return [(f, True) for f in by_name.get((func.id, "__init__"), [])]
+            if not functions:  # `Net(...)` runs `Net.__init__`, or the one it inherits
+                for klass in (func.id, *self._bases.get(func.id, ())):
+                    if by_name.get((klass, "__init__")):
+                        return [(f, True) for f in by_name[(klass, "__init__")]]
+                return []
             return [(f, False) for f in functions]
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
             return self._instance_targets(raw, func.attr, func.value, by_name)
