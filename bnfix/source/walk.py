@@ -192,6 +192,7 @@ class Walker:
         self.sequential_raw: list[RawCall] = []
         self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        self.bindings: dict[int, tuple[str, ...]] = {}  # `binding` of a method, by id
         self.ext_calls: list[RawCall] = []  # calls of first-party code imported from elsewhere
         # `with ...control_dependencies(...)` blocks, the names their bodies assign, and the
         # `with` frames around them
@@ -755,19 +756,23 @@ def binding(walker: Walker, function: FunctionInfo) -> tuple[str, ...]:
     it): from the method's own returns, or, decorated, from its decorator's wrapper when that
     decorator is a function of this module (`def layer(op): def wrapper(self, ...): ...;
     return self`)."""
+    found = walker.bindings.get(id(function))
+    if found is not None:
+        return found
     decorators = walker.function_nodes[id(function)].decorator_list
     facts = {d.id for d in decorators if isinstance(d, ast.Name)} & {"staticmethod",
                                                                      "classmethod"}
-    if "staticmethod" in facts:
-        return ("staticmethod",)
-    wrapped = [d for d in decorators if not (isinstance(d, ast.Name) and d.id == "classmethod")]
-    returner: FunctionInfo | None = function
-    if wrapped:
-        returner = _wrapper_of(walker, wrapped[0].id) \
-            if len(wrapped) == 1 and isinstance(wrapped[0], ast.Name) else None
-    if returner is not None and _returns_first(walker, returner):
-        facts.add("returns_self")
-    return tuple(sorted(facts))
+    if "staticmethod" not in facts:
+        wrapped = [d for d in decorators
+                   if not (isinstance(d, ast.Name) and d.id == "classmethod")]
+        returner: FunctionInfo | None = function
+        if wrapped:
+            returner = _wrapper_of(walker, wrapped[0].id) \
+                if len(wrapped) == 1 and isinstance(wrapped[0], ast.Name) else None
+        if returner is not None and _returns_first(walker, returner):
+            facts.add("returns_self")
+    found = walker.bindings[id(function)] = tuple(sorted(facts))
+    return found
 
 
 def _wrapper_of(walker: Walker, decorator: str) -> FunctionInfo | None:
@@ -796,6 +801,9 @@ def _returns_first(walker: Walker, function: FunctionInfo) -> bool:
     return not any(isinstance(n, ast.Return) and n.value is None for n in ast.walk(node))
 
 
+MAX_CHAIN = 64  # links of a fluent chain followed (a network's block is a few dozen layers)
+
+
 def self_chain(receiver: ast.Call) -> tuple[str, tuple[str, ...]] | None:
     """The instance a method is called on through a call: `super()` / `super(C, self)` as
     (`super`, ()), and a fluent chain `self.a(x).b(y)` as (`self`, ("a", "b")): the methods
@@ -806,6 +814,8 @@ def self_chain(receiver: ast.Call) -> tuple[str, tuple[str, ...]] | None:
     links: list[str] = []
     node: ast.expr = receiver
     while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if len(links) == MAX_CHAIN:
+            return None  # each call of a chain is recorded with the links before it
         links.append(node.func.attr)
         node = node.func.value
     if isinstance(node, ast.Name) and node.id in ("self", "cls") and links:
