@@ -55,9 +55,13 @@ def _reaches(site: BNSite, inside: Inside) -> bool:
 
 
 def _lines(sites: list[BNSite]) -> str:
-    first = sites[0]
-    more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
-    return f"`{first.call.callee}` at line {first.span.start.row}{more}"
+    """Where the BN is built, by place in this file (a call that reaches several BN through
+    other functions is one place: `Net` at line 5, 50 BatchNorm calls in all)."""
+    places = list(dict.fromkeys((s.call.callee, s.span.start.row) for s in sites))
+    callee, row = places[0]
+    more = f" and {len(places) - 1} more" if len(places) > 1 else ""
+    total = f", {len(sites)} BatchNorm calls in all" if len(sites) > len(places) else ""
+    return f"`{callee}` at line {row}{more}{total}"
 
 
 def _import(module: ModuleIR, qualname: str) -> tuple[str, tuple[EditOp, ...]]:
