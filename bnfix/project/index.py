@@ -188,7 +188,7 @@ class ProjectIndex:
         the call chain decided it; else the caller's own class), and so does `Base.m(self)`;
         a method called through its class (`Base.m(obj)`) binds nothing, a classmethod binds
         its class, a staticmethod nothing."""
-        if call.bound and call.target.startswith("@"):
+        if _on_self(call):
             return self._on_instance(module, call, receiver)
         targets, unbound = self._through_class(module, call.target)
         if receiver is None or not unbound or not _passes_self(call, caller):
@@ -258,7 +258,7 @@ class ProjectIndex:
             if function is None or not _is_method(function):
                 continue
             for call in function.calls:
-                if call.bound and call.target.startswith("@"):
+                if _on_self(call):
                     names.add(call.target.rpartition(".")[2])
                     names.update(call.chain)
                     targets = self._on_instance(owner, call, None)
@@ -305,7 +305,8 @@ class ProjectIndex:
             classes = classes[keys.index(static) + 1:]
         for link in call.chain:  # each must hand the instance back
             found = _find_method(classes, link)
-            if found is None or "returns_self" not in (self.function(*found) or _NONE).method:
+            linked = self.function(*found) if found is not None else None
+            if linked is None or "returns_self" not in linked.method:
                 return ()
         found = _find_method(classes, name)
         function = self.function(*found) if found is not None else None
@@ -316,10 +317,8 @@ class ProjectIndex:
 
     def _method(self, module: str, cls: str, name: str, depth: int) -> Target | None:
         """`cls.name` in `module`, or inherited from a first-party base class."""
-        for owner, klass in self.mro(module, cls, depth):
-            if name in klass.methods:
-                return Target(owner, f"{klass.name}.{name}", True)
-        return None
+        found = _find_method(self.mro(module, cls, depth), name)
+        return Target(*found, True) if found is not None else None
 
     def class_summary(self, module: str, name: str, depth: int = 0) -> tuple[str, ClassSummary] | None:
         """A class by the name it has in `module` (defined there or imported)."""
@@ -449,9 +448,9 @@ class ProjectIndex:
                             settable[name] = value.value
                     else:
                         args[name] = value
-                written = call.target.lstrip("@")  # or, on the instance, the method it runs
+                # the callee as written, or, on the instance, the method it runs
                 hop = (summary.path, call.loc,
-                       target.qualname if call.bound and call.target[0] == "@" else written)
+                       target.qualname if _on_self(call) else call.target.lstrip("@"))
                 out.append(Reach(reached.api, reached.qualname, reached.path, reached.loc, args,
                                  (hop, *reached.via), reached.unpacked or call.star, settable,
                                  reached.opt_out))
@@ -589,9 +588,10 @@ class ProjectIndex:
         return record.name if record is not None else None
 
 
-_NONE = FunctionSummary("", "", None, (0, 0, 0, 0), ())
-
-
+def _on_self(call: CallRecord) -> bool:
+    """`self.m()`, `super().m()`, `self.a().m()`: a call of a method on the caller's own
+    instance (recorded as `@Class.method`, bound)."""
+    return call.bound and call.target.startswith("@")
 
 
 def _is_method(function: FunctionSummary) -> bool:

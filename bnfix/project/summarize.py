@@ -20,7 +20,7 @@ from bnfix.project.summary import (
     Ref,
 )
 from bnfix.source.torch_context import freeze_switch
-from bnfix.source.walk import binding, self_chain
+from bnfix.source.walk import binding
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -165,9 +165,9 @@ class Summarizer:
         methods; () for `super`). The index resolves them on the instance's class."""
         func = raw.call.func
         function = raw.ctx.function
-        assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call)
-        found = self_chain(func.value)
-        if found is None or function is None or function.class_name is None:
+        assert isinstance(func, ast.Attribute)
+        found = self.w.chains[id(raw.call)]
+        if function is None or function.class_name is None:
             return None
         if found[0] == "super" and function.class_name not in self._derived:
             return None  # `super().__init__()` of a class with no first-party base

@@ -45,7 +45,7 @@ from bnfix.ir import (
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
 from bnfix.source.torch_context import TorchContext, conditions_of
-from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey, self_chain
+from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey
 
 TRACE_DEPTH = 6
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -278,8 +278,9 @@ class Resolver:
                         return [(f, True) for f in by_name[(klass, "__init__")]]
                 return []
             return [(f, False) for f in functions]
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
-            return self._instance_targets(raw, func.attr, func.value, by_name)
+        if id(raw.call) in self.w.chains:
+            assert isinstance(func, ast.Attribute)
+            return self._instance_targets(raw, func.attr, by_name)
         if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
             return []
         owner = func.value.id
@@ -292,16 +293,16 @@ class Resolver:
             targets = candidates if len(candidates) == 1 else []
         return [(f, f.class_name is not None and id(f) not in self.w.static) for f in targets]
 
-    def _instance_targets(self, raw: RawCall, name: str, receiver: ast.Call,
+    def _instance_targets(self, raw: RawCall, name: str,
                           by_name: dict[tuple[str | None, str], list[FunctionInfo]]
                           ) -> list[tuple[FunctionInfo, bool]]:
         """`super().name()` (the method of the nearest base class of this file that has it)
         and `self.a().name()` (while each method on the way returns `self`), in a method of
         class C of this file: what the project index resolves the same way when the classes
         are in other files."""
-        found = self_chain(receiver)
+        found = self.w.chains[id(raw.call)]
         cls = raw.ctx.function.class_name if raw.ctx.function else None
-        if found is None or cls is None:
+        if cls is None:
             return []
         bases = self._bases.get(cls, [])
         classes = bases if found[0] == "super" else [cls, *bases]

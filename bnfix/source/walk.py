@@ -167,8 +167,9 @@ class Walker:
         self.apply_raw: list[RawCall] = []
         self.local_calls: list[RawCall] = []
         # `super().m(...)` and fluent `self.a(...).m(...)`: methods of the instance reached
-        # through a call (see `self_chain`)
+        # through a call, and each one's `self_chain` (by the call's id)
         self.chained_calls: list[RawCall] = []
+        self.chains: dict[int, tuple[str, tuple[str, ...]]] = {}
         self.loops: list[Loop] = []
         self.uses_compat_v1 = False
         self.uses_contrib = False  # TF1-only `tf.contrib` (slim included) is used
@@ -193,6 +194,7 @@ class Walker:
         self.bn_model_raw: list[RawCall] = []  # library models known to hold plain BN
         self.function_nodes: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.bindings: dict[int, tuple[str, ...]] = {}  # `binding` of a method, by id
+        self._by_qualname: dict[str, FunctionInfo] | None = None
         self.ext_calls: list[RawCall] = []  # calls of first-party code imported from elsewhere
         # `with ...control_dependencies(...)` blocks, the names their bodies assign, and the
         # `with` frames around them
@@ -213,6 +215,12 @@ class Walker:
                 self.imports.add(stmt)
         self._body(self.tree.body, Ctx())
         return self
+
+    def by_qualname(self) -> dict[str, FunctionInfo]:
+        """The module's functions by qualified name (made once, after the walk)."""
+        if self._by_qualname is None:
+            self._by_qualname = {f.qualname: f for f in self.functions}
+        return self._by_qualname
 
     def _body(self, stmts: list[ast.stmt], ctx: Ctx) -> None:
         block = id(stmts)
@@ -642,8 +650,11 @@ class Walker:
             owner = func.value.id if isinstance(func.value, ast.Name) else None
             if owner in ("self", "cls") or owner in self.class_names:
                 self.local_calls.append(raw)
-            elif isinstance(func.value, ast.Call) and self_chain(func.value) is not None:
-                self.chained_calls.append(raw)
+            elif isinstance(func.value, ast.Call):
+                chain = self_chain(func.value)
+                if chain is not None:
+                    self.chains[id(call)] = chain
+                    self.chained_calls.append(raw)
             if _plain_receiver(func.value):
                 raw.kind = attr
                 self.attr_calls.append(raw)
@@ -780,7 +791,7 @@ def _wrapper_of(walker: Walker, decorator: str) -> FunctionInfo | None:
     returns one it defines."""
     if decorator not in walker.names:  # `property`, `abstractmethod`: defined elsewhere
         return None
-    by_qualname = {f.qualname: f for f in walker.functions}
+    by_qualname = walker.by_qualname()
     outer = by_qualname.get(decorator)
     if outer is None:
         return None
