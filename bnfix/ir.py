@@ -264,6 +264,9 @@ class BNSite:
     conditions: tuple[Condition, ...] = ()  # the `if` tests the BN call runs under
     indirect: str | None = None  # "normalizer_fn": another layer calls it (slim's idiom)
     opt_out: bool = False  # the other branch of its `if` builds a synchronized BN instead
+    # the model built by the call here is only used to give its weights away (`load_weights`,
+    # `get_layer(...).get_weights()`): it never trains
+    weights_only: bool = False
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -434,6 +437,9 @@ class Region(NamedTuple):
     kind: str  # with | function
     span: Span
     body: Block | None  # the rows a fix may wrap
+    # the first row of the statement right before the `with` in its block (None: none, or a
+    # decorated function): `model.train()` there puts the model in train mode on purpose
+    previous_row: int | None = None
 
 
 @dataclass
@@ -579,6 +585,18 @@ class LibraryModel(NamedTuple):
     span: Span
 
 
+class ApiMention(NamedTuple):
+    """A BN API named but not called here (`{'normalizer_fn': slim.batch_norm}`, an
+    `arg_scope([slim.batch_norm])` list, a parameter's default): code that breaks where the
+    API is gone, like a call of it."""
+
+    api: ApiRef
+    written: str  # the qualified name as imported (`tensorflow.contrib.slim.batch_norm`)
+    text: str  # as written here (`slim.batch_norm`)
+    span: Span
+    function: FunctionInfo | None
+
+
 class DeviceScope(NamedTuple):
     """`with strategy.scope():` for a tf.distribute strategy that trains on several devices:
     what is built inside is replicated, one replica per device."""
@@ -640,6 +658,7 @@ class ModuleIR:
     model_steps: list[ModelStep] = field(default_factory=list)
     device_scopes: list[DeviceScope] = field(default_factory=list)
     bn_models: list[LibraryModel] = field(default_factory=list)
+    api_mentions: list[ApiMention] = field(default_factory=list)  # BN APIs named, not called
     backends: frozenset[str] = frozenset()  # torch.distributed backends named ("gloo", "nccl")
     import_row: int = 1  # where a new top-level import goes (after the last one)
     bias_before_bn: list[BiasBeforeBN] = field(default_factory=list)

@@ -144,7 +144,8 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
             if id(site) in reported or "synchronized" not in site.api.defaults or \
                     site.api.synced or site.opt_out:
                 continue
-            if is_const(site.value("synchronized"), True) or not _reaches(site, _in_scope(scope)):
+            if is_const(site.value("synchronized"), True) or site.weights_only or \
+                    not _reaches(site, _in_scope(scope)):
                 continue
             reported.add(id(site))
             if site.origin is not None:
@@ -157,11 +158,16 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
             assert first.origin is not None
             more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
             built = f"`{first.qualname}` ({first.origin.describe()}){more}"
-            fix = Fix(DISPLAY, f"Pass `synchronized=True` where the layers are built "
+            how = "Pass `synchronized=True`" if module.tensorflow_target() >= (2, 12) else \
+                "Use `tf.keras.layers.experimental.SyncBatchNormalization` (`synchronized=True` " \
+                "needs TensorFlow 2.12)"
+            fix = Fix(DISPLAY, f"{how} where the layers are built "
                                f"({first.origin.describe()}{more}); {COST}")
-            related = tuple(Related(s.origin.path, s.origin.span,
+            origins = dict.fromkeys((s.origin.path, s.origin.span) for s in sites
+                                    if s.origin is not None)
+            related = tuple(Related(path, where,
                                     "a BatchNormalization built without synchronized=True")
-                            for s in sites[:3] if s.origin is not None)
+                            for path, where in list(origins)[:3])
             yield Finding("BN006", span, _scope_message(built, scope), fix, related)
 
 

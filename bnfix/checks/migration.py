@@ -141,19 +141,25 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
     if module.dead:
         return  # nothing in the project runs this file: that it cannot run changes nothing
     tensorflow = module.tensorflow_target()
+    version = ".".join(map(str, tensorflow))
+    for mention in module.api_mentions:
+        migration = mention.api.migration
+        if migration is None or not _removed(migration, mention.written, tensorflow):
+            continue
+        shown = module.spell(migration.to) or migration.to
+        message = (f"`{mention.text}` does not exist in TensorFlow {version} (the version this "
+                   f"code targets): {migration.why}; every use of it must change, not only its "
+                   f"calls: use `{shown}`")
+        yield Finding("BN007", mention.span, message,
+                      Fix(DISPLAY, f"Name `{shown}` here, and map the arguments given to it "
+                                   "elsewhere (its `normalizer_params`, the `arg_scope` "
+                                   "defaults) to its argument names"))
     for site in module.bn_sites:
         migration = site.api.migration
-        if migration is None:
+        if migration is None or not _removed(migration, site.written, tensorflow):
             continue
-        # tf.compat.v1.X names what tf.X named in TF 1.x
-        written = site.written.replace("tensorflow.compat.v1.", "tensorflow.", 1)
-        if migration.written and not written.startswith(migration.written):
-            continue
-        if not migration.removed or tensorflow < migration.removed:
-            continue  # the API still runs on the target: deprecated, not a bug
         target = module.spell(migration.to)
         shown = target or migration.to
-        version = ".".join(map(str, tensorflow))
         message = (f"`{site.call.callee}` does not exist in TensorFlow {version} (the version "
                    f"this code targets): {migration.why}; use `{shown}`")
         if migration.display_only:
@@ -176,6 +182,16 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
             fix = Fix(_applicability(site, migration), f"Use `{shown}` with the arguments mapped",
                       tuple(plan.edits))
         yield Finding("BN007", site.call.span, message, fix)
+
+
+def _removed(migration: Migration, written: str, tensorflow: tuple[int, ...]) -> bool:
+    """Whether the API written so is gone from the targeted TensorFlow (a deprecated API
+    that still runs there is not a bug)."""
+    # tf.compat.v1.X names what tf.X named in TF 1.x
+    written = written.replace("tensorflow.compat.v1.", "tensorflow.", 1)
+    if migration.written and not written.startswith(migration.written):
+        return False
+    return bool(migration.removed) and tensorflow >= migration.removed
 
 
 def _applicability(site: BNSite, migration: Migration) -> Applicability:

@@ -79,6 +79,10 @@ def missing_eval_mode(module: ModuleIR) -> Iterator[Finding]:
                (region is None or region.kind == "function" or region.span.start <= m.span.start)
                for m in module.mode_calls):
             continue  # train mode set inside the evaluation code: on purpose (update_bn, ...)
+        if region is not None and region.previous_row is not None and any(
+                m.kind == "train" and m.target == target and m.function is function and
+                m.statement.first_row == region.previous_row for m in module.mode_calls):
+            continue  # `model.train()` right before the block: train mode chosen for it
         if function is not None and target in function.callers_eval and not elsewhere:
             continue
         where = f"`{function.name}`" if function is not None else "this evaluation code"

@@ -428,6 +428,7 @@ class ProjectView:
                     bound={name: self.value(ref, function) for name, ref in reach.args.items()},
                     settable=dict(reach.settable),
                     opt_out=reach.opt_out,
+                    weights_only=resolver.weights_only(raw),
                 ))
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from bnfix.findings import Span
 from bnfix.ir import (
+    ApiMention,
     Arg,
     AttributeSet,
     Block,
@@ -71,6 +72,7 @@ class Resolver:
         module.bn_sites = [self._bn_site(raw, spec) for raw, spec in self.w.bn_raw]
         module.bn_sites += [self._normalizer_site(*item) for item in self.w.normalizer_raw]
         _mark_opt_outs(module.bn_sites)
+        module.api_mentions = self._api_mentions()
         self._instance_calls(module.bn_sites)
         module.collection_gets = [self._collection_get(raw, towers) for raw in self.w.gets.values()]
         runs_update_ops = any("UPDATE_OPS" in self._keys(r.call, r.ctx.function) for r in self.w.run_raw)
@@ -150,11 +152,39 @@ class Resolver:
         if not self._derives_from(call.args[0], loop.targets, function):
             return None
         target = _assigned_name(raw.stmt, call)
+        if target is None and isinstance(raw.stmt, ast.Assign) and len(raw.stmt.targets) == 1 \
+                and isinstance(raw.stmt.targets[0], ast.Name) and \
+                isinstance(raw.stmt.value, ast.IfExp) and call in (raw.stmt.value.body,
+                                                                   raw.stmt.value.orelse):
+            target = raw.stmt.targets[0].id  # `g = g[0] if len(g) == 1 else tf.add_n(g)`
         divided = id(call) in self.w.divided or (
-            target is not None and (fkey(function), target) in self.w.divided_names)
+            target is not None and (fkey(function), target) in self.w.divided_names) or (
+            target is not None and self._divided_later(call, target, function))
         stmt_value = getattr(raw.stmt, "value", None)
         nested = stmt_value is not call and not (raw.parents and call in raw.parents[-1].args)
         return GradientSum(raw.kind, call_info(self.text, call), function, loop.name, divided, nested)
+
+    def weights_only(self, raw: RawCall) -> bool:
+        """The object the call builds is assigned to a name that is only the receiver of
+        methods that read or load weights (a pretrained model built to give its weights to
+        the model that trains)."""
+        name = _assigned_name(raw.stmt, raw.call)
+        if name is None:
+            return False
+        function = raw.ctx.function
+        uses = self.w.loads.get((fkey(function), name), 0)
+        donated = sum(1 for r in self.w.attr_calls
+                      if r.ctx.function is function and r.kind in self.vocab.donor_methods
+                      and isinstance(r.call.func, ast.Attribute)
+                      and isinstance(r.call.func.value, ast.Name) and r.call.func.value.id == name)
+        return uses > 0 and donated == uses
+
+    def _divided_later(self, call: ast.Call, target: str, function: FunctionInfo | None) -> bool:
+        """A division after the sum, in the same function, of a value computed from it (the
+        sums collected, then each scaled by `1 / count` in a later loop)."""
+        return any(d.function is function and d.left.lineno > call.lineno and
+                   self._derives_from(d.left, frozenset((target,)), function)
+                   for d in self.w.divisions)
 
     def names_used(self, expr: ast.expr, function: FunctionInfo | None) -> frozenset[str]:
         """The names `expr` depends on: its own, and (through local assignments in
@@ -517,6 +547,21 @@ class Resolver:
         if target is not None:
             self._site_targets[id(site)] = target
         return site
+
+    def _api_mentions(self) -> list[ApiMention]:
+        """The removed BN APIs this module names without calling them (a call's callee and
+        its `normalizer_fn=` are BN sites already)."""
+        out = []
+        for node, ctx in self.w.api_mentions:
+            if id(node) in self.w.api_used:
+                continue
+            written = self.w.imports.qualname(node)
+            spec = self.w.cat.apis.get(self.w.cat.normalize(written)) if written else None
+            if spec is None or spec.migration is None:
+                continue
+            span = self.text.span(node)
+            out.append(ApiMention(spec.ref, written, self.text.slice(span), span, ctx.function))
+        return out
 
     def _normalizer_site(self, raw: RawCall, spec: ApiSpec, keyword: ast.keyword) -> BNSite:
         """slim's idiom: `conv2d(..., normalizer_fn=slim.batch_norm, normalizer_params=p)`

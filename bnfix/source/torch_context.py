@@ -104,7 +104,10 @@ class TorchContext:
                 ok = self.text.starts_row(span.start)
                 body = Block(node.lineno, node.lineno, node.end_lineno or node.lineno,
                              self.text.indentation(node.lineno)) if ok else None
-                self._regions[id(node)] = Region("with", span, body)
+                block = self.w.blocks.get(self.w.block_of.get(id(node), -1)) or []
+                index = next((i for i, s in enumerate(block) if s is node), 0)
+                previous = block[index - 1].lineno if index > 0 else None
+                self._regions[id(node)] = Region("with", span, body, previous)
             else:
                 function = next(f for f in self.w.functions
                                 if self.w.function_nodes[id(f)] is node)

@@ -39,6 +39,10 @@ class Vocabulary(NamedTuple):
     weight_keywords: frozenset[str]
     weight_string_keywords: frozenset[str]
     collection_keywords: frozenset[str]
+    donor_methods: frozenset[str]  # all a model built only to give its weights away is used for
+    # the last part of the names of BN APIs with a migration (`batch_norm`): a name or
+    # attribute ending so may be a reference to a removed API (`normalizer_fn` in a dict)
+    migrated_tails: frozenset[str]
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,6 +75,9 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
         weight_keywords=frozenset(restores.get("weight_keywords", ())),
         weight_string_keywords=frozenset(restores.get("weight_string_keywords", ())),
         collection_keywords=frozenset(restores.get("collection_keywords", ())),
+        donor_methods=frozenset(restores.get("donor_methods", ())),
+        migrated_tails=frozenset(name.rsplit(".", 1)[-1] for name, spec in catalogue.apis.items()
+                                 if spec.migration is not None),
     )
 
 
@@ -206,6 +213,11 @@ class Walker:
         # slim's idiom: a layer (or an arg_scope) given `normalizer_fn=slim.batch_norm` builds
         # that BN with `normalizer_params`
         self.normalizer_raw: list[tuple[RawCall, ApiSpec, ast.keyword]] = []
+        # names and attributes that may refer to a removed BN API without calling it (a dict
+        # value, an `arg_scope` list, a default), and the ids of those a call uses: its callee,
+        # its `normalizer_fn=` (the BN sites cover them)
+        self.api_mentions: list[tuple[ast.Name | ast.Attribute, Ctx]] = []
+        self.api_used: set[int] = set()
         self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
         self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
 
@@ -266,7 +278,8 @@ class Walker:
             self._expr(stmt.target, ctx, stmt)
             kind = "accumulate" if isinstance(stmt.op, ast.Add) else "assign"
             self._bind_target(stmt.target, stmt.value, stmt, ctx, kind)
-            if isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and _reciprocal(stmt.value)):
+            if isinstance(stmt.op, ast.Div) or (isinstance(stmt.op, ast.Mult) and
+                                                self._reciprocal(stmt.value, ctx)):
                 self._note_division(stmt.target, stmt.value, ctx)
         elif isinstance(stmt, ast.Return):
             if stmt.value is not None:
@@ -485,6 +498,20 @@ class Walker:
         if isinstance(left, ast.Name):
             self.divided_names.add((fkey(ctx.function), left.id))
 
+    def _reciprocal(self, expr: ast.expr, ctx: Ctx, depth: int = 0) -> bool:
+        """`1 / n`, `1.0 / n`: multiplying by it divides; also through a conversion
+        (`tf.constant(np.float32(1.0 / n))`) and a local name assigned one (`coef`)."""
+        if _reciprocal(expr):
+            return True
+        if depth >= 3:
+            return False
+        if isinstance(expr, ast.Call):
+            return any(self._reciprocal(a, ctx, depth + 1) for a in expr.args)
+        if isinstance(expr, ast.Name):
+            return any(self._reciprocal(value, ctx, depth + 1)
+                       for _, value, _ in self.defs.get((fkey(ctx.function), expr.id), ()))
+        return False
+
     def _block(self, node: ast.With | ast.AsyncWith) -> Block | None:
         first, last = node.body[0], node.body[-1]
         if first.lineno == node.lineno:
@@ -498,6 +525,7 @@ class Walker:
         """Visit every call in `root`, outermost first, knowing the calls around each."""
         key = fkey(ctx.function)
         loads = self.loads
+        tails = self.vocab.migrated_tails
         stack: list[tuple[ast.AST, tuple[ast.Call, ...], tuple[Zip, ...]]] = [(root, (), ())]
         while stack:
             node, parents, zips = stack.pop()
@@ -505,12 +533,18 @@ class Walker:
             if kind is ast.Name:
                 if type(node.ctx) is ast.Load:  # type: ignore[attr-defined]
                     loads[(key, node.id)] += 1  # type: ignore[attr-defined]
+                    if node.id in tails:  # type: ignore[attr-defined]
+                        self.api_mentions.append((node, ctx))  # type: ignore[arg-type]
                 continue
             if kind is ast.Constant:
                 continue
             if kind is ast.Call:
                 self._call(node, ctx, stmt, parents, zips)  # type: ignore[arg-type]
+                self.api_used.add(id(node.func))  # type: ignore[attr-defined]
                 parents = (*parents, node)  # type: ignore[assignment]
+            elif kind is ast.Attribute:
+                if node.attr in tails:  # type: ignore[attr-defined]
+                    self.api_mentions.append((node, ctx))  # type: ignore[arg-type]
             elif kind in _COMPREHENSIONS:
                 for generator in node.generators:  # type: ignore[attr-defined]
                     if _is_zip_star(generator.iter):
@@ -520,9 +554,9 @@ class Walker:
                 if op is ast.Div:
                     self._note_division(node.left, node.right, ctx)  # type: ignore[attr-defined]
                 elif op is ast.Mult:
-                    if _reciprocal(node.right):  # type: ignore[attr-defined]
+                    if self._reciprocal(node.right, ctx):  # type: ignore[attr-defined]
                         self._note_division(node.left, node.right, ctx)  # type: ignore[attr-defined]
-                    elif _reciprocal(node.left):  # type: ignore[attr-defined]
+                    elif self._reciprocal(node.left, ctx):  # type: ignore[attr-defined]
                         self._note_division(node.right, node.left, ctx)  # type: ignore[attr-defined]
             elif kind is ast.NamedExpr and isinstance(node.target, ast.Name):  # type: ignore[attr-defined]
                 self.names.add(node.target.id)  # type: ignore[attr-defined]
@@ -581,9 +615,9 @@ class Walker:
                 self._note_division(call.args[0], call.args[1], ctx)
             elif kind == "multiply" and len(call.args) >= 2:
                 first, second = call.args[0], call.args[1]
-                if _reciprocal(second):
+                if self._reciprocal(second, ctx):
                     self._note_division(first, second, ctx)
-                elif _reciprocal(first):
+                elif self._reciprocal(first, ctx):
                     self._note_division(second, first, ctx)
             elif kind == "arg_scope" and call.args and isinstance(call.args[0], (ast.List, ast.Tuple)):
                 for element in call.args[0].elts:
@@ -674,6 +708,7 @@ class Walker:
                 spec = self.cat.apis.get(self.qualname(kw.value) or "")
                 if spec is not None:
                     self.normalizer_raw.append((RawCall(call, ctx, stmt), spec, kw))
+                    self.api_used.add(id(kw.value))
                 continue
             literal = kw.value.value if isinstance(kw.value, ast.Constant) else ...
             if (kw.arg in self.vocab.weight_keywords and literal not in (None, False, "")) or (
