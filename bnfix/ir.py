@@ -454,6 +454,15 @@ class ModelCall:
     iterates: str = ""  # the iterables of the loops around the call and in its no_grad block
 
 
+class TrainingCall(NamedTuple):
+    """A call of a model or layer object (`model(x, training=True)`, `self.net(...)`) with a
+    literal `training=True`."""
+
+    target: str  # as written: `model`, `self.net`
+    arg: Arg  # the `training=True` keyword
+    function: FunctionInfo | None
+
+
 @dataclass
 class ModeCall:
     """`x.eval()`, `x.train()`, `x.train(False)`."""
@@ -659,6 +668,7 @@ class ModuleIR:
     device_scopes: list[DeviceScope] = field(default_factory=list)
     bn_models: list[LibraryModel] = field(default_factory=list)
     api_mentions: list[ApiMention] = field(default_factory=list)  # BN APIs named, not called
+    training_calls: list[TrainingCall] = field(default_factory=list)
     backends: frozenset[str] = frozenset()  # torch.distributed backends named ("gloo", "nccl")
     import_row: int = 1  # where a new top-level import goes (after the last one)
     bias_before_bn: list[BiasBeforeBN] = field(default_factory=list)

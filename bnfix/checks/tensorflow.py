@@ -660,6 +660,30 @@ def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
                 )
                 fix = Fix(UNSAFE, "Evaluate in inference mode", (Edit(arg.value_span, "False"),))
                 yield Finding("BN010", arg.span, message, fix)
+    yield from _model_in_training_mode(module)
+
+
+def _model_in_training_mode(module: ModuleIR) -> Iterator[Finding]:
+    """`model(x, training=True)` in an evaluation function, the model (or layer) an object of
+    this file, in a file that builds or reaches BN: its BN layers run in training mode."""
+    if not module.all_bn_sites():
+        return
+    seen = {c.args["training"].span for s in module.bn_sites for c in s.instance_calls
+            if "training" in c.args} | {s.args["training"].span for s in module.bn_sites
+                                         if "training" in s.args}
+    for call in module.training_calls:
+        arg = call.arg
+        if arg.span in seen or not _literal_true(arg) or not is_evaluation(call.function):
+            continue
+        assert call.function is not None
+        message = (
+            f"`{call.target}(..., training=True)` in the evaluation function "
+            f"`{call.function.name}`: the BatchNorm layers it runs then normalize with the "
+            "batch's statistics (results depend on the batch) and move their moving averages "
+            "with evaluation data; use training=False"
+        )
+        fix = Fix(UNSAFE, "Evaluate in inference mode", (Edit(arg.value_span, "False"),))
+        yield Finding("BN010", arg.span, message, fix)
 
 
 def _bn010_fix(module: ModuleIR, arg: Arg, flag: str, function: FunctionInfo,

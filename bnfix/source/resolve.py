@@ -35,6 +35,7 @@ from bnfix.ir import (
     Param,
     Statement,
     TowerLoop,
+    TrainingCall,
     TrainOp,
     Unknown,
     Value,
@@ -73,6 +74,10 @@ class Resolver:
         module.bn_sites += [self._normalizer_site(*item) for item in self.w.normalizer_raw]
         _mark_opt_outs(module.bn_sites)
         module.api_mentions = self._api_mentions()
+        module.training_calls = [
+            TrainingCall(self.text.slice(self.text.span(raw.call.func)),
+                         self.bind_args(raw, ())["training"], raw.ctx.function)
+            for raw in self.w.training_raw]
         self._instance_calls(module.bn_sites)
         module.collection_gets = [self._collection_get(raw, towers) for raw in self.w.gets.values()]
         runs_update_ops = any("UPDATE_OPS" in self._keys(r.call, r.ctx.function) for r in self.w.run_raw)

@@ -30,7 +30,7 @@ from bnfix.ir import (
 )
 from bnfix.source.calls import call_info
 from bnfix.source.text import SourceText
-from bnfix.source.walk import Ctx, RawCall
+from bnfix.source.walk import Ctx, RawCall, fkey
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -436,12 +436,16 @@ class TorchContext:
                 bn_targets[self._scoped(target, raw.ctx)] = site
         pairs: list[BiasBeforeBN] = []
         for raw in self.w.sequential_raw:
-            items = raw.call.args
-            if len(items) == 1 and isinstance(items[0], (ast.List, ast.Tuple)):
-                items = items[0].elts  # keras.Sequential([...])
-            for first, second in itertools.pairwise(items):
-                if id(first) in layers and id(second) in bn_calls:
-                    pairs.append(BiasBeforeBN(layers[id(first)], bn_calls[id(second)], "sequential"))
+            for run in self._sequence_runs(raw):
+                for first, second in itertools.pairwise(run):
+                    layer = layers.get(id(first)) if isinstance(first, ast.Call) else \
+                        layer_targets.get(self._scoped(first.id, raw.ctx)) \
+                        if isinstance(first, ast.Name) else None
+                    bn = bn_calls.get(id(second)) if isinstance(second, ast.Call) else \
+                        bn_targets.get(self._scoped(second.id, raw.ctx)) \
+                        if isinstance(second, ast.Name) else None
+                    if layer is not None and bn is not None:
+                        pairs.append(BiasBeforeBN(layer, bn, "sequential"))
 
         def applied(node: ast.expr, ctx: Ctx, table: dict, calls: dict) -> object | None:
             """The layer / BN that `node` applies: `self.conv(x)` or `Conv2D(8, 3)(x)`."""
@@ -468,6 +472,48 @@ class TorchContext:
         for pair in pairs:
             unique.setdefault((id(pair.layer), id(pair.bn)), pair)
         return list(unique.values())
+
+    def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
+        """The runs of items a `Sequential(...)` call chains, each run in order: its arguments,
+        a list it is given (`keras.Sequential([...])`, `nn.Sequential(*[...])`), or a local list
+        it unpacks (`nn.Sequential(*layers)`) as the function builds it: each list literal
+        assigned or added (`layers += [conv, bn]`, `.extend([...])`) is a run, and so are
+        `.append(x)` statements that follow each other in one block. Items of different runs
+        are not known to be adjacent (a loop or a branch may come between)."""
+        args = raw.call.args
+        if len(args) != 1:
+            return [list(args)]
+        only = args[0].value if isinstance(args[0], ast.Starred) else args[0]
+        if isinstance(only, (ast.List, ast.Tuple)):
+            return [list(only.elts)]
+        if not (isinstance(args[0], ast.Starred) and isinstance(only, ast.Name)):
+            return [list(args)]
+        runs: list[list[ast.expr]] = []
+        last_append: ast.stmt | None = None
+        for kind, value, stmt in self.w.defs.get((fkey(raw.ctx.function), only.id), ()):
+            appended = kind == "accumulate" and isinstance(stmt, ast.Expr) and \
+                isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
+                and stmt.value.func.attr == "append"
+            if appended:
+                if last_append is not None and runs and self._follows(last_append, stmt):
+                    runs[-1].append(value)
+                else:
+                    runs.append([value])
+                last_append = stmt
+                continue
+            last_append = None
+            if isinstance(value, (ast.List, ast.Tuple)):
+                runs.append(list(value.elts))
+        return runs
+
+    def _follows(self, before: ast.stmt, stmt: ast.stmt) -> bool:
+        """`stmt` is the statement right after `before` in the same block."""
+        block_id = self.w.block_of.get(id(stmt))
+        if block_id is None or self.w.block_of.get(id(before)) != block_id:
+            return False
+        block = self.w.blocks.get(block_id, [])
+        index = next((i for i, s in enumerate(block) if s is stmt), 0)
+        return index > 0 and block[index - 1] is before
 
     def _previous_assignment(self, raw: RawCall) -> ast.expr | None:
         """`x = self.conv(x)` right before `x = self.bn(x)`: the value of the statement before,

@@ -218,6 +218,7 @@ class Walker:
         # its `normalizer_fn=` (the BN sites cover them)
         self.api_mentions: list[tuple[ast.Name | ast.Attribute, Ctx]] = []
         self.api_used: set[int] = set()
+        self.training_raw: list[RawCall] = []  # `model(x, training=True)` on a plain receiver
         self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
         self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
 
@@ -655,6 +656,10 @@ class Walker:
                 raw.kind, raw.written = "first_party", qual
                 self.ext_calls.append(raw)
             return
+        if call.keywords and _plain_receiver(func) and any(
+                k.arg == "training" and type(k.value) is ast.Constant and k.value.value is True
+                for k in call.keywords):
+            self.training_raw.append(raw)
         if isinstance(func, ast.Attribute):
             attr = func.attr
             method = self.vocab.method_kind.get(attr)
