@@ -267,6 +267,9 @@ class BNSite:
     # the model built by the call here is only used to give its weights away (`load_weights`,
     # `get_layer(...).get_weights()`): it never trains
     weights_only: bool = False
+    # built through a BN subclass of the project that only re-routes arguments (its name):
+    # the rules read it as the BN it extends; a fix must not rewrite its callee
+    via_class: str | None = None
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -676,6 +679,7 @@ class ModuleIR:
     names_in_use: frozenset[str] = frozenset()
     tf1_prefix: str | None = None  # how this file spells the TF1 API (`tf`, `tf.compat.v1`)
     tf1_code: bool = False  # TF1 code through and through: tf.contrib, no tf.compat.v1
+    removed_by_keras3: str | None = None  # an API it calls that TF 2.16 removed (tf.estimator)
     trains: bool = True  # builds an optimizer, steps one, or calls backward()/fit()/minimize()
     script_without_training: bool = False  # a `__main__` script that never steps an optimizer
     target_explicit: bool = False  # the TensorFlow target comes from configuration or pins

@@ -478,6 +478,14 @@ def _runtime_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Examp
                    recordings=tuple(recordings))
 
 
+# the catalogue's vocabulary tables for the source analysis (merged across files) …
+TRAINING_TABLES = ("functions", "methods", "collections", "train_ops", "variable_sources",
+                   "collection_sources", "training_flags", "optimizers", "restores", "summary",
+                   "removed_by_keras3")
+# … and every top-level key a catalogue file may have (`module`: bnfix.torch's conversions)
+CATALOGUE_KEYS = frozenset({"alias", "api", "migration", "layer", "module", *TRAINING_TABLES})
+
+
 def _load_catalogue(folder: Path, read: Callable[[Path], dict[str, Any]] = _read_toml
                     ) -> Catalogue:
     cat = Catalogue()
@@ -510,8 +518,11 @@ def _load_catalogue(folder: Path, read: Callable[[Path], dict[str, Any]] = _read
                 if name in cat.apis:
                     raise RuleBookError(f"{path}: `{name}` is in two catalogue entries")
                 cat.apis[name] = spec
-        for key in ("functions", "methods", "collections", "train_ops", "variable_sources",
-                    "collection_sources", "training_flags", "optimizers", "restores", "summary"):
+        unknown = sorted(set(data) - CATALOGUE_KEYS)
+        if unknown:
+            raise RuleBookError(f"{path}: unknown catalogue table `{unknown[0]}` "
+                                f"(known: {', '.join(sorted(CATALOGUE_KEYS))})")
+        for key in TRAINING_TABLES:
             if key in data:
                 for name, value in data[key].items():
                     table = cat.training.setdefault(key, {})

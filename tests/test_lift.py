@@ -222,3 +222,55 @@ def test_binding_defaults_when_function_has_no_call_sites():
     assert is_const(Binding().value(site.value("training")), True)
     assert isinstance(site.value("training"), FromParam)
     assert isinstance(Const(1, "1", None), Const)
+
+
+def test_bn_subclasses_that_only_reroute_arguments_are_the_bn_they_extend():
+    m = module("""
+        import tensorflow as tf
+        import torch.nn as nn
+
+        class FrozenAware(tf.keras.layers.BatchNormalization):
+            '''trainable=False also means inference mode.'''
+            def call(self, x, training=False):
+                if not training:
+                    training = tf.constant(False)
+                training = tf.logical_and(training, self.trainable)
+                return super().call(x, training)
+
+        class Named(FrozenAware):
+            def __init__(self, name='tpu_batch_normalization', **kwargs):
+                super(Named, self).__init__(name=name, **kwargs)
+
+        class PassThrough(nn.BatchNorm2d):
+            def forward(self, input):
+                return super(PassThrough, self).forward(input)
+
+        class CrossReplica(tf.keras.layers.BatchNormalization):
+            def _moments(self, inputs, axes, keep_dims):
+                return super()._moments(inputs, axes, keep_dims)
+
+        class NaiveSync(nn.BatchNorm2d):
+            def forward(self, input):
+                if not self.training:
+                    return super().forward(input)
+                return sync(input)
+
+        class V1(tf.keras.layers.BatchNormalization):
+            _USE_V2_BEHAVIOR = False
+
+        a = FrozenAware(momentum=0.9)
+        b = Named(0.5, momentum=0.9)
+        c = PassThrough(64, momentum=0.1)
+        d = CrossReplica()
+        e = NaiveSync(64)
+        f = V1()
+    """)
+    sites = {s.call.callee: s for s in m.bn_sites}
+    assert set(sites) == {"FrozenAware", "Named", "PassThrough"}
+    assert sites["FrozenAware"].api.id == "keras.layers.BatchNormalization"
+    assert sites["FrozenAware"].via_class == "FrozenAware"
+    assert is_const(sites["FrozenAware"].value("momentum"), 0.9)
+    # its own __init__: the positional 0.5 is its `name`, not the base's `axis`
+    assert "axis" not in sites["Named"].args and sites["Named"].unpacked
+    assert sites["PassThrough"].api.framework == "torch"
+    assert is_const(sites["PassThrough"].value("num_features"), 64)

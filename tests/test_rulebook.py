@@ -97,6 +97,19 @@ def test_malformed_rule_file_is_reported_with_its_path(tmp_path: Path):
         load_rulebook(tmp_path)
 
 
+def test_a_typo_in_a_catalogue_table_name_is_an_error(tmp_path: Path):
+    import shutil
+
+    from bnfix.rulebook import rules_root
+
+    root = tmp_path / "rules"
+    shutil.copytree(rules_root(), root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    catalogue = root / "catalogue" / "tf1_training.toml"
+    catalogue.write_text(catalogue.read_text().replace("[restores]", "[restore]", 1))
+    with pytest.raises(RuleBookError, match="tf1_training.toml: unknown catalogue table `restore`"):
+        load_rulebook(root)
+
+
 def test_the_parsed_rule_book_is_kept_in_the_cache_folder_and_checked_at_every_load(
         tmp_path: Path, monkeypatch):
     """With a cache folder the rule files' parse is kept as JSON (named by a digest of the

@@ -101,8 +101,9 @@ def _switched_by_callers(module: ModuleIR, depth: int = 3) -> bool:
 
 @check("BN011")
 def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
-    if not module.graph_mode:
-        return
+    if not module.graph_mode or module.removed_by_keras3 is not None and \
+            module.tensorflow_target() >= (2, 16):
+        return  # `tf.estimator` & co. are gone from the TF whose tf.keras is Keras 3: no such run
     switches = [m for m in module.graph_mode if m.kind == "graph_switch"]
     if not switches and not _switched_by_callers(module):
         return  # Session/placeholder and no switch where it runs: TF1-only code (eager on TF 2)

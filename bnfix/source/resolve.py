@@ -46,6 +46,7 @@ from bnfix.ir import (
 )
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
+from bnfix.source.subclasses import bn_aliases
 from bnfix.source.torch_context import TorchContext, conditions_of
 from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey
 
@@ -63,8 +64,10 @@ class Resolver:
         self._site_targets: dict[int, tuple[str, object]] = {}
         self._tower_loop: dict[int, Loop] = {}
         self._done_sites: set[tuple[int, int]] = set()
+        self._aliased: dict[int, tuple[str, bool]] = {}  # call id -> (BN subclass, own __init__)
 
     def resolve(self) -> ModuleIR:
+        self._subclass_constructions()
         for function in self.w.functions:
             self._resolve_defaults(function)
         self._resolve_call_sites()
@@ -91,6 +94,7 @@ class Resolver:
         module.tf1_code = not self.w.uses_compat_v1 and (
             self.w.uses_contrib or self.w.uses_tf1_api or any(
                 target.startswith("tensorflow.contrib") for target in bindings.values()))
+        module.removed_by_keras3 = self.w.removed_by_keras3
         module.gradient_sums = [g for g in map(self._gradient_sum, self.w.sum_raw) if g is not None]
         module.attribute_sets = [self._attribute_set(*item, module.bn_sites)
                                  for item in self.w.attr_sets]
@@ -539,15 +543,33 @@ class Resolver:
         return tuple((k.value, self.text.slice(self.text.span(v)))  # type: ignore[union-attr]
                      for k, v in zip(expr.keys, expr.values))
 
+    def _subclass_constructions(self) -> None:
+        """Constructions of the module's BN subclasses that only re-route arguments: BN
+        calls of the API they extend (subclasses.py)."""
+        classes = [node for node, ctx in self.w.class_defs if ctx.function is None]
+        aliases = bn_aliases(classes, self.w.imports, self.w.cat) if classes else {}
+        if not aliases:
+            return
+        for raw in self.w.local_calls:
+            func = raw.call.func
+            if isinstance(func, ast.Name) and func.id in aliases:
+                alias = aliases[func.id]
+                raw.written = alias.written
+                self._aliased[id(raw.call)] = (func.id, alias.own_init)
+                self.w.bn_raw.append((raw, alias.spec))
+
     def _bn_site(self, raw: RawCall, spec: ApiSpec) -> BNSite:
-        args = self._api_args(raw, spec, spec.params)
+        via, own_init = self._aliased.get(id(raw.call), (None, False))
+        # a subclass with its own `__init__`: its positional parameters are not the base's
+        args = self._api_args(raw, spec, () if own_init else spec.params)
         for name, arg in self._scope_defaults(raw, spec).items():
             args.setdefault(name, arg)
         qual = self.w.cat.normalize(raw.written)
+        unpacked = _unpacks(raw.call) or (own_init and bool(raw.call.args))
         site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
-                      unpacked=_unpacks(raw.call), written=raw.written,
+                      unpacked=unpacked, written=raw.written,
                       conditions=conditions_of(self.text, raw, functools.partial(
-                          self.names_used, function=raw.ctx.function)))
+                          self.names_used, function=raw.ctx.function)), via_class=via)
         target = self._assigned_target(raw)
         if target is not None:
             self._site_targets[id(site)] = target

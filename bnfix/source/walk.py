@@ -39,6 +39,7 @@ class Vocabulary(NamedTuple):
     weight_keywords: frozenset[str]
     weight_string_keywords: frozenset[str]
     collection_keywords: frozenset[str]
+    removed_by_keras3: tuple[str, ...]  # prefixes of APIs gone from the TF that has Keras 3
     donor_methods: frozenset[str]  # all a model built only to give its weights away is used for
     # the last part of the names of BN APIs with a migration (`batch_norm`): a name or
     # attribute ending so may be a reference to a removed API (`normalizer_fn` in a dict)
@@ -75,6 +76,7 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
         weight_keywords=frozenset(restores.get("weight_keywords", ())),
         weight_string_keywords=frozenset(restores.get("weight_string_keywords", ())),
         collection_keywords=frozenset(restores.get("collection_keywords", ())),
+        removed_by_keras3=tuple(tf1.get("removed_by_keras3", {}).get("prefixes", ())),
         donor_methods=frozenset(restores.get("donor_methods", ())),
         migrated_tails=frozenset(name.rsplit(".", 1)[-1] for name, spec in catalogue.apis.items()
                                  if spec.migration is not None),
@@ -180,6 +182,7 @@ class Walker:
         self.loops: list[Loop] = []
         self.uses_compat_v1 = False
         self.uses_contrib = False  # TF1-only `tf.contrib` (slim included) is used
+        self.removed_by_keras3: str | None = None  # an API called here gone with Keras 3 (2.16)
         self.uses_tf1_api = False  # TF1 graph API called as `tf.X`, not `tf.compat.v1.X`
         self.sum_raw: list[tuple[RawCall, Zip]] = []
         self.divisions: list[Division] = []
@@ -577,6 +580,8 @@ class Walker:
             self.uses_compat_v1 = True
         elif qual.startswith("tensorflow.contrib."):
             self.uses_contrib = True
+        if self.removed_by_keras3 is None and qual.startswith(self.vocab.removed_by_keras3):
+            self.removed_by_keras3 = qual
         return self.cat.normalize(qual)
 
     def _call(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt, parents: tuple[ast.Call, ...],
