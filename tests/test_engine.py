@@ -136,6 +136,10 @@ def test_python2_and_syntax_errors_are_bn900():
     assert py2.code == "BN900" and "Python 2 source" in py2.message and py2.span.start.row == 2
     (err,) = check_source("import tensorflow as tf\nbn = tf.layers.batch_normalization(x\n", "e.py")
     assert err.code == "BN900" and "syntax error" in err.message
+    # improved-gan's imagenet/model.py: a tab-indented line among space-indented ones
+    (tabs,) = check_source("import tensorflow as tf\nif tf:\n        bn = 1\n\tx = tf.layers."
+                           "batch_normalization(bn)\n", "t.py")
+    assert tabs.code == "BN900" and "Python 2 source (tabs and spaces mixed" in tabs.message
 
 
 def test_files_without_bn_are_not_parsed():

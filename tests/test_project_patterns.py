@@ -345,3 +345,61 @@ def test_a_subclass_without_its_own_init_builds_its_bases_bn(tmp_path: Path):
     write_tree(tmp_path, {"nets.py": INHERITED, "use.py": "from nets import Sub\n\nnet = Sub(x, False)\n",
                           "one.py": INHERITED + "\n\nnet = Sub(x, False)\nok = Sub(x)\n"})
     assert rows(tmp_path, ["BN001"]) == {("use.py", "BN001", 3), ("one.py", "BN001", 14)}
+
+
+SUBCLASSES = '''import tensorflow as tf
+
+
+class BatchNormalization(tf.keras.layers.BatchNormalization):
+    """trainable=False also means inference mode."""
+
+    def call(self, x, training=False):
+        if not training:
+            training = tf.constant(False)
+        training = tf.logical_and(training, self.trainable)
+        return super().call(x, training)
+
+
+class Named(tf.keras.layers.BatchNormalization):
+    def __init__(self, name="tpu_batch_normalization", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+
+class CrossReplica(tf.keras.layers.BatchNormalization):
+    def _moments(self, inputs, axes, keep_dims):
+        mean, variance = super()._moments(inputs, axes, keep_dims)
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce("mean", mean), context.all_reduce("mean", variance)
+
+
+def conv_bn(x):
+    return BatchNormalization()(tf.keras.layers.Conv2D(8, 3, use_bias=False)(x))
+'''
+
+
+def test_bn_subclasses_of_the_project_that_only_reroute_arguments(tmp_path: Path):
+    """tensorflow-yolov4-tflite (and the other TF2 YOLO ports): BN is built through the
+    project's `BatchNormalization`, whose `call` ANDs `training` with `trainable`; its test step
+    runs the model with training=True. Constructed in another file too, and with the keyword
+    arguments an `__init__` of its own passes on; a subclass with its own moments (synchronized
+    across replicas) is not plain BN."""
+    write_tree(tmp_path, {
+        "core/__init__.py": "",
+        "core/common.py": SUBCLASSES,
+        "train.py": (
+            "import tensorflow as tf\n"
+            "from core.common import BatchNormalization, CrossReplica, Named, conv_bn\n\n"
+            "inputs = tf.keras.Input((32, 32, 3))\n"
+            "model = tf.keras.Model(inputs, conv_bn(inputs))\n\n\n"
+            "def test_step(images):\n"
+            "    return model(images, training=True)\n\n\n"
+            "strategy = tf.distribute.MirroredStrategy()\n"
+            "with strategy.scope():\n"
+            "    a = BatchNormalization(momentum=0.9)\n"
+            "    b = Named(synchronized=True)\n"
+            "    c = BatchNormalization(synchronized=True)\n"
+            "    d = CrossReplica()\n"
+            "    e = Named()\n"),
+    })
+    assert rows(tmp_path, ["BN006", "BN010"]) == {
+        ("train.py", "BN010", 9), ("train.py", "BN006", 14), ("train.py", "BN006", 18)}

@@ -86,6 +86,10 @@ class Summarizer:
                 returns=self._returns(function),
                 method=binding(self.w, function) if function.class_name is not None else (),
             )
+        classes = self._class_summaries
+        if self.r.aliases:
+            classes = dict(classes)
+            self._alias_constructors(functions, classes)
         if MODULE_SCOPE in bn or MODULE_SCOPE in calls:
             functions[MODULE_SCOPE] = FunctionSummary(
                 MODULE_SCOPE, MODULE_SCOPE, None, (1, 0, 1, 0), (),
@@ -96,11 +100,45 @@ class Summarizer:
                      if self.w.imports.first_party(target)},
             star_imports=tuple(self.w.imports.star),
             functions=functions,
-            classes=self._class_summaries,
+            classes=classes,
             constants=self._constants(),
             facts=tuple(sorted(self.module_facts())),
             marks=tuple((m.kind, loc(m.span), m.function) for m in self.module.marks),
         )
+
+    def _alias_constructors(self, functions: dict[str, FunctionSummary],
+                            classes: dict[str, ClassSummary]) -> None:
+        """A BN subclass taken as its BN (subclasses.py): constructing it in another file
+        builds that BN. Its `__init__` (the one it writes, or one standing for the base's)
+        holds the BN build, the base's parameters flowing into it: positionally and by keyword
+        for one standing for the base's, by keyword (what `**kwargs` passes on) beside the
+        parameters of one it writes, which keep their own defaults (`name=`, `fused=False`)."""
+        for name, alias in self.r.aliases.items():
+            klass = classes.get(name)
+            if klass is None:
+                continue
+            spec = alias.spec
+            written = {c: w for w, c in spec.canonical.items()}
+            keywords = [written.get(k, k) for k in spec.defaults if k not in spec.call_params]
+            names = list(dict.fromkeys((*spec.params, *keywords)))
+            init = f"{name}.__init__"
+            build = BNBuild(spec.id, self.w.cat.normalize(alias.written), klass.loc,
+                            {spec.canonical_name(p): Ref("p", p) for p in names})
+            own = functions.get(init)
+            if own is not None:  # its parameters stay its own; the base's come as keywords
+                mine = {p.name for p in own.params}
+                functions[init] = own._replace(
+                    params=(*own.params, *(ParamSpec(p, -1, None) for p in names
+                                           if p not in mine)),
+                    bn=(*own.bn, build))
+                continue
+            functions[init] = FunctionSummary(
+                init, "__init__", name, klass.loc,
+                (ParamSpec("self", 0, None), *(ParamSpec(p, i + 1, None)
+                                              for i, p in enumerate(spec.params)),
+                 *(ParamSpec(p, -1, None) for p in names[len(spec.params):])),
+                bn=(build,))
+            classes[name] = klass._replace(methods=(*klass.methods, "__init__"))
 
     def _params(self, function: FunctionInfo) -> tuple[ParamSpec, ...]:
         return tuple(ParamSpec(p.name, p.index if p.positional else -1,

@@ -101,6 +101,8 @@ def python2_hint(message: str, line: str) -> str | None:
         return "a `print` statement"
     if "Missing parentheses in call to 'exec'" in message:
         return "an `exec` statement"
+    if "inconsistent use of tabs and spaces" in message:
+        return "tabs and spaces mixed in its indentation, which only Python 2 ran"
     code = line.split("#", 1)[0]
     for pattern, what in _PY2_HINTS:
         if pattern.search(code):

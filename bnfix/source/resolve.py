@@ -46,7 +46,7 @@ from bnfix.ir import (
 )
 from bnfix.rulebook import ApiSpec
 from bnfix.source.calls import call_info
-from bnfix.source.subclasses import bn_aliases
+from bnfix.source.subclasses import Alias, bn_aliases
 from bnfix.source.torch_context import TorchContext, conditions_of
 from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey
 
@@ -65,6 +65,7 @@ class Resolver:
         self._tower_loop: dict[int, Loop] = {}
         self._done_sites: set[tuple[int, int]] = set()
         self._aliased: dict[int, tuple[str, bool]] = {}  # call id -> (BN subclass, own __init__)
+        self.aliases: dict[str, Alias] = {}  # the module's BN subclasses taken as their BN
 
     def resolve(self) -> ModuleIR:
         self._subclass_constructions()
@@ -547,7 +548,7 @@ class Resolver:
         """Constructions of the module's BN subclasses that only re-route arguments: BN
         calls of the API they extend (subclasses.py)."""
         classes = [node for node, ctx in self.w.class_defs if ctx.function is None]
-        aliases = bn_aliases(classes, self.w.imports, self.w.cat) if classes else {}
+        aliases = self.aliases = bn_aliases(classes, self.w.imports, self.w.cat) if classes else {}
         if not aliases:
             return
         for raw in self.w.local_calls:
