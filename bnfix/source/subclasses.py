@@ -50,18 +50,20 @@ def bn_aliases(classes: list[ast.ClassDef], imports: ImportTable,
 
 def _alias(node: ast.ClassDef, by_name: dict[str, ast.ClassDef], imports: ImportTable,
            catalogue: Catalogue, depth: int) -> Alias | None:
-    if depth > MAX_DEPTH or len(node.bases) != 1 or node.keywords or not _reroutes_only(node):
+    if depth > MAX_DEPTH or len(node.bases) != 1 or node.keywords:
         return None
     base = node.bases[0]
     own_init = any(isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in node.body)
     if isinstance(base, ast.Name) and base.id in by_name and by_name[base.id] is not node:
         inner = _alias(by_name[base.id], by_name, imports, catalogue, depth + 1)
-        return inner._replace(own_init=inner.own_init or own_init) if inner else None
-    written = imports.qualname(base)
-    spec = catalogue.lookup(written) if written else None
-    if spec is None or spec.kind not in CLASS_KINDS:
-        return None
-    return Alias(spec, written or "", own_init)
+        alias = inner._replace(own_init=inner.own_init or own_init) if inner else None
+    else:  # the base first: most classes extend no BN, and their bodies need no reading
+        written = imports.qualname(base)
+        spec = catalogue.lookup(written) if written else None
+        if spec is None or spec.kind not in CLASS_KINDS:
+            return None
+        alias = Alias(spec, written or "", own_init)
+    return alias if alias is not None and _reroutes_only(node) else None
 
 
 def _reroutes_only(node: ast.ClassDef) -> bool:
