@@ -60,3 +60,17 @@ def test_import_styles_resolve(source, api):
 ])
 def test_other_frameworks_never_match(source):
     assert sites(source) == []
+
+
+def test_a_library_star_import_binds_the_names_the_catalogue_knows():
+    """image-segmentation-keras: `from keras.layers import *`, then `BatchNormalization()`;
+    a later star import wins, a local definition of the name shadows it, and a name the
+    catalogue does not know stays unknown."""
+    assert sites("from keras.layers import *\nbn = BatchNormalization(momentum=0.1)\n") == [
+        ("keras.layers.BatchNormalization", "BatchNormalization")]
+    assert sites("from torch.nn import *\nfrom keras.layers import *\n"
+                 "bn = BatchNormalization()\n") == [
+        ("keras.layers.BatchNormalization", "BatchNormalization")]
+    assert sites("from keras.layers import *\n\n\ndef BatchNormalization():\n    return 1\n\n\n"
+                 "bn = BatchNormalization()\n") == []
+    assert sites("from mylib.layers import *\nbn = BatchNormalization()\n") == []

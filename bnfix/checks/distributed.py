@@ -230,6 +230,8 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
     if plain is None or any(s.kind == "sync_convert" for s in module.model_steps):
         return
     for wrap in (s for s in module.model_steps if s.kind == "model_wrap" and s.replicas):
+        if _converted_by_callers(wrap):
+            continue
         what = wrap.call.callee
         message = (
             f"`{what}` trains one replica per process, and {plain} stay plain: each process "
@@ -237,6 +239,18 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
             "them to SyncBatchNorm before the wrap"
         )
         yield Finding("BN006", wrap.call.span, message, _torch_fix(module, wrap))
+
+
+def _converted_by_callers(wrap: ModelStep) -> bool:
+    """The wrap is of a model its function receives (`make_data_parallel(model, ...)`), and
+    every caller in another file is in a module that converts BN to SyncBN, maybe under a flag
+    (3D-ResNets: `if opt.batchnorm_sync: model = convert_sync_batchnorm(model)` in main.py,
+    then `make_data_parallel(model, ...)`): the author chose, as with a conversion here."""
+    function, match = wrap.function, MOVED.match(wrap.target)
+    if function is None or match is None or match["model"] not in function.params:
+        return False
+    callers = [s for s in function.call_sites if s.where]
+    return bool(callers) and all("sync_convert" in s.facts for s in callers)
 
 
 def _torch_fix(module: ModuleIR, wrap: ModelStep) -> Fix:

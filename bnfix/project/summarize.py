@@ -308,6 +308,8 @@ class Summarizer:
             facts.add("loss_scaled_per_tower")
         if any(m.kind == "graph_switch" for m in self.module.graph_mode):
             facts.add("graph_switch")
+        if any(s.kind == "sync_convert" for s in self.module.model_steps):
+            facts.add("sync_convert")  # the module converts BN to SyncBN (maybe under a flag)
         return facts
 
     def class_facts(self, name: str) -> set[str]:

@@ -39,6 +39,9 @@ class ImportTable:
         self._names: dict[str, str] = {}
         self.context = context
         self.star: list[str] = []  # modules whose names `from m import *` binds
+        # library modules star-imported (`from keras.layers import *`), the latest last: a
+        # name bound nowhere else may be theirs (the walker asks the catalogue which)
+        self.library_star: list[str] = []
 
     def add(self, node: ast.Import | ast.ImportFrom) -> None:
         """Record the bindings of one import statement (later bindings win, as at run time)."""
@@ -59,8 +62,11 @@ class ImportTable:
             return
         for alias in node.names:
             if alias.name == "*":
-                if (node.level or self.first_party(module)) and module not in self.star:
-                    self.star.append(module)
+                if node.level or self.first_party(module):
+                    if module not in self.star:
+                        self.star.append(module)
+                elif module not in self.library_star:
+                    self.library_star.append(module)
                 continue
             self._set(alias.asname or alias.name, f"{module}.{alias.name}")
 

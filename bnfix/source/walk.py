@@ -575,7 +575,12 @@ class Walker:
     def qualname(self, func: ast.expr) -> str | None:
         qual = self.imports.qualname(func)
         if qual is None:
-            return None
+            if not self.imports.library_star or not isinstance(func, ast.Name) or \
+                    func.id in self.names:
+                return None
+            qual = self._star_name(func.id)
+            if qual is None:
+                return None
         if qual.startswith("tensorflow.compat.v1."):
             self.uses_compat_v1 = True
         elif qual.startswith("tensorflow.contrib."):
@@ -583,6 +588,18 @@ class Walker:
         if self.removed_by_keras3 is None and qual.startswith(self.vocab.removed_by_keras3):
             self.removed_by_keras3 = qual
         return self.cat.normalize(qual)
+
+    def _star_name(self, name: str) -> str | None:
+        """`BatchNormalization` after `from keras.layers import *`: the star-imported module's
+        name, when the catalogue knows it (a BN API, a biased layer, a training function);
+        later star imports win, as at run time."""
+        for module in reversed(self.imports.library_star):
+            qual = f"{module}.{name}"
+            known = self.cat.normalize(qual)
+            if known in self.cat.apis or known in self.cat.layers or known in self.vocab.fn_kind:
+                self.imports.bind(name, qual)
+                return qual
+        return None
 
     def _call(self, call: ast.Call, ctx: Ctx, stmt: ast.stmt, parents: tuple[ast.Call, ...],
               zips: tuple[Zip, ...] = ()) -> None:
