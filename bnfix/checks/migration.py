@@ -252,6 +252,33 @@ def momentum_convention(module: ModuleIR) -> Iterator[Finding]:
                     continue
                 seen.add(literal.span)
             yield _bn008(site, literal, template, convention)
+        if convention == "torch" and site.origin is None:
+            yield from _momentum_as_eps(site)
+
+
+# A literal epsilon at least this large, given in eps's position, is a momentum written where
+# PyTorch takes eps (`nn.BatchNorm2d(128, 0.8)`: 0.8 added to every variance)
+EPS_AS_MOMENTUM = 0.05
+
+
+def _momentum_as_eps(site: BNSite) -> Iterator[Finding]:
+    arg = site.args.get("epsilon")
+    if arg is None or arg.keyword or not isinstance(arg.value, Const):
+        return
+    value = arg.value.value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not EPS_AS_MOMENTUM <= value < 1:
+        return
+    message = (
+        f"`{site.call.callee}(..., {arg.value_text})`: the second positional parameter of "
+        f"PyTorch's BatchNorm is `eps`, not momentum: {value:g} is added to every variance, "
+        "which flattens the normalization (eps defaults to 1e-5); a momentum was meant "
+        f"(Keras' `momentum={value:g}` is PyTorch's `momentum={1 - value:g}`)"
+    )
+    fix = Fix(DISPLAY, f"Pass the momentum by keyword, in PyTorch's convention "
+                       f"(`momentum=1 - {arg.value_text}` for a Keras momentum), and leave eps "
+                       "at its default")
+    yield Finding("BN008", arg.span, message, fix)
 
 
 def _momenta(site: BNSite) -> list[Const]:
