@@ -408,3 +408,20 @@ def test_module_names_follow_the_package_chain_whatever_the_order_asked():
     files.add(deep + "/net.py")
     name, root = module_name(deep + "/net.py", files)
     assert root == "/" and name.count(".") == 3000 and name.endswith("p2999.net")
+
+
+def test_a_network_of_hundreds_of_bn_reached_through_both_branches_is_followed(tmp_path: Path):
+    """pretrained-models' `nasnetalarge()` builds NASNet-A Large (264 BN) in both branches
+    of `if pretrained:`: 528 BN call sites reached from one function, and no note."""
+    cells = "".join(f"    x = bn(x, {i})\n" for i in range(264))
+    write_tree(tmp_path, {
+        "nets.py": BN + "\n\ndef bn(x, i, trainable=False):\n"
+                   "    return tf.layers.batch_normalization(x, training=True, trainable=trainable)\n"
+                   "\n\ndef large(x):\n" + cells + "    return x\n"
+                   "\n\ndef nasnetalarge(x, pretrained=False):\n"
+                   "    if pretrained:\n        return large(x)\n    return large(x)\n",
+        "main.py": "from nets import nasnetalarge\n\ny = nasnetalarge(x)\n",
+    })
+    run = run_bnfix("check", "--no-cache", "--select", "BN001", ".", cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "gave up" not in run.stderr
