@@ -672,6 +672,8 @@ class ModuleIR:
     bn_models: list[LibraryModel] = field(default_factory=list)
     api_mentions: list[ApiMention] = field(default_factory=list)  # BN APIs named, not called
     training_calls: list[TrainingCall] = field(default_factory=list)
+    # the per-process batch of its training data loaders, when known (BN006 weighs it)
+    loader_batch: int | None = None
     backends: frozenset[str] = frozenset()  # torch.distributed backends named ("gloo", "nccl")
     import_row: int = 1  # where a new top-level import goes (after the last one)
     bias_before_bn: list[BiasBeforeBN] = field(default_factory=list)

@@ -201,6 +201,11 @@ def _keras_fix(module: ModuleIR, site: BNSite) -> Fix:
 # ---------------------------------------------------------------------------------------------
 # torch DDP / Horovod
 
+# A per-process batch from which each process's BN statistics are sound: ImageNet recipes
+# train plain BN at 32 per GPU (Goyal et al. 2017), and BN's error grows as the batch falls
+# below that (Wu & He 2018); detection and segmentation run 2-8 per GPU, where SyncBN pays
+SOUND_BATCH = 32
+
 MOVED = re.compile(r"^(?P<model>[A-Za-z_][\w.]*?)(?:\.(?:to|cuda)\(.*\))?$", re.DOTALL)
 
 
@@ -229,6 +234,8 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
     plain = _plain_torch_bn(module)
     if plain is None or any(s.kind == "sync_convert" for s in module.model_steps):
         return
+    if module.loader_batch is not None and module.loader_batch >= SOUND_BATCH:
+        return  # each process's batch is large enough for sound statistics: plain BN is the recipe
     for wrap in (s for s in module.model_steps if s.kind == "model_wrap" and s.replicas):
         if _converted_by_callers(wrap):
             continue

@@ -78,6 +78,7 @@ class Resolver:
         module.bn_sites += [self._normalizer_site(*item) for item in self.w.normalizer_raw]
         _mark_opt_outs(module.bn_sites)
         module.api_mentions = self._api_mentions()
+        module.loader_batch = self._loader_batch()
         module.training_calls = [
             TrainingCall(self.text.slice(self.text.span(raw.call.func)),
                          self.bind_args(raw, ())["training"], raw.ctx.function)
@@ -575,6 +576,33 @@ class Resolver:
         if target is not None:
             self._site_targets[id(site)] = target
         return site
+
+    def _loader_batch(self) -> int | None:
+        """The batch of this file's training data loaders (shuffled, or given a sampler): the
+        smallest, when every one is a known integer (a literal, a module constant, an
+        argparse default: `batch_size=args.batch_size`); else None."""
+        sizes = []
+        for raw in self.w.loader_raw:
+            keywords = {k.arg: k.value for k in raw.call.keywords if k.arg is not None}
+            shuffle = keywords.get("shuffle")
+            if "sampler" not in keywords and not (isinstance(shuffle, ast.Constant)
+                                                  and shuffle.value is True):
+                continue  # an evaluation loader
+            size = keywords.get("batch_size", raw.call.args[1] if len(raw.call.args) > 1 else None)
+            known = self._known_int(size, raw.ctx.function) if size is not None else None
+            if known is None:
+                return None
+            sizes.append(known)
+        return min(sizes, default=None)
+
+    def _known_int(self, expr: ast.expr, function: FunctionInfo | None) -> int | None:
+        value = self.value(expr, function)
+        if not isinstance(value, Const) and isinstance(expr, ast.Attribute) and \
+                expr.attr in self.w.option_defaults:
+            value = self.value(self.w.option_defaults[expr.attr], None)
+        if isinstance(value, Const) and type(value.value) is int:
+            return value.value
+        return None
 
     def _api_mentions(self) -> list[ApiMention]:
         """The removed BN APIs this module names without calling them (a call's callee and

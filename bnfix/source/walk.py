@@ -222,6 +222,9 @@ class Walker:
         self.api_mentions: list[tuple[ast.Name | ast.Attribute, Ctx]] = []
         self.api_used: set[int] = set()
         self.training_raw: list[RawCall] = []  # `model(x, training=True)` on a plain receiver
+        self.loader_raw: list[RawCall] = []  # `DataLoader(...)`
+        # `parser.add_argument("--batch-size", default=256)`: each option's default, by dest
+        self.option_defaults: dict[str, ast.expr] = {}
         self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
         self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
 
@@ -589,6 +592,23 @@ class Walker:
             self.removed_by_keras3 = qual
         return self.cat.normalize(qual)
 
+    def _option_default(self, call: ast.Call) -> None:
+        """`add_argument("-b", "--batch-size", default=256)`: the default of `args.batch_size`
+        (argparse's dest: `dest=`, else the first long option, dashes made underscores)."""
+        default = next((k.value for k in call.keywords if k.arg == "default"), None)
+        if default is None:
+            return
+        dest = next((k.value.value for k in call.keywords if k.arg == "dest"
+                     and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)), None)
+        options = [a.value for a in call.args
+                   if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if dest is None:
+            long = [o for o in options if o.startswith("--")]
+            dest = (long[0][2:] if long else options[0].lstrip("-") if options else "")
+            dest = dest.replace("-", "_")
+        if dest.isidentifier():
+            self.option_defaults[dest] = default
+
     def _star_name(self, name: str) -> str | None:
         """`BatchNormalization` after `from keras.layers import *`: the star-imported module's
         name, when the catalogue knows it (a BN API, a biased layer, a training function);
@@ -671,6 +691,8 @@ class Walker:
             elif kind == "bn_model":
                 raw.written = qual
                 self.bn_model_raw.append(raw)
+            elif kind == "data_loader":
+                self.loader_raw.append(raw)
             elif qual.startswith(self.vocab.optimizer_prefixes):
                 raw.kind = "optimizer"
                 self.step_raw.append(raw)
@@ -701,6 +723,8 @@ class Walker:
                 self.marks.append(("loads_weights", call, ctx))
             elif attr == "run":
                 self.run_raw.append(raw)
+            elif attr == "add_argument":
+                self._option_default(call)
             elif attr == "as_default" and isinstance(func.value, ast.Call) and \
                     self.vocab.fn_kind.get(self.qualname(func.value.func) or "") == "graph":
                 self.markers.append(("graph_switch", call))
