@@ -590,11 +590,14 @@ class BiasBeforeBN:
 
 class LibraryModel(NamedTuple):
     """A library model built in this file that is known to hold plain BatchNorm layers
-    (`torchvision.models.resnet50()`): BN the file uses without constructing it."""
+    (`torchvision.models.resnet50()`, `tf.keras.applications.ResNet50()`): BN the file uses
+    without constructing it."""
 
     qualname: str
     callee: str  # as written
     span: Span
+    function: FunctionInfo | None = None
+    assigned: str | None = None  # the name the model is assigned to (`backbone = ResNet50()`)
 
 
 class ApiMention(NamedTuple):

@@ -425,3 +425,13 @@ def test_a_network_of_hundreds_of_bn_reached_through_both_branches_is_followed(t
     run = run_bnfix("check", "--no-cache", "--select", "BN001", ".", cwd=tmp_path)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "gave up" not in run.stderr
+
+
+def test_the_note_on_modules_of_one_name_counts_the_files(tmp_path: Path):
+    net = BN + "\n\ndef build(x, t):\n    return tf.layers.batch_normalization(x, training=t)\n"
+    files = {f"exp-{i}/net.py": net for i in range(3)}  # folders that are no package names
+    files.update({f"exp-{i}/train.py": "from net import build\n\ny = build(x, True)\n"
+                  for i in range(3)})
+    write_tree(tmp_path, files)
+    run = run_bnfix("check", "--no-cache", ".", cwd=tmp_path)
+    assert "three files are module `net`" in run.stderr, run.stderr

@@ -16,6 +16,7 @@ from bnfix.ir import (
     DeviceScope,
     Finding,
     FunctionInfo,
+    LibraryModel,
     ModelStep,
     ModuleIR,
     Related,
@@ -153,6 +154,14 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
                 continue
             yield Finding("BN006", site.span, _scope_message(f"`{site.call.callee}`", scope),
                           _keras_fix(module, site))
+        for model in module.bn_models:
+            if not _keras_model(model) or not _in_scope(scope)(model.function, model.span.start.row) \
+                    or _frozen(module, model):
+                continue
+            built = f"`{model.callee}` (a Keras application: plain BatchNormalization layers)"
+            fix = Fix(DISPLAY, "Synchronize its BN: `model = bnfix.keras.convert_sync(model)` "
+                               f"rebuilds it with `synchronized=True` on each layer; {COST}")
+            yield Finding("BN006", model.span, _scope_message(built, scope), fix)
         for span, sites in reached.items():
             first = sites[0]
             assert first.origin is not None
@@ -169,6 +178,13 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
                                     "a BatchNormalization built without synchronized=True")
                             for path, where in list(origins)[:3])
             yield Finding("BN006", span, _scope_message(built, scope), fix, related)
+
+
+def _frozen(module: ModuleIR, model: LibraryModel) -> bool:
+    """`backbone.trainable = False`: a frozen Keras model runs its BN in inference mode."""
+    return model.assigned is not None and any(
+        a.attr == "trainable" and a.target == model.assigned and is_const(a.value, False)
+        and a.function is model.function for a in module.attribute_sets)
 
 
 def _scope_message(built: str, scope: DeviceScope) -> str:
@@ -222,10 +238,15 @@ def _plain_torch_bn(module: ModuleIR) -> str | None:
     if plain:
         return f"the BatchNorm layers of the model it builds (`{plain[0].qualname}` at " \
                f"{plain[0].origin.describe()})"  # type: ignore[union-attr]
-    if module.bn_models:
-        model = module.bn_models[0]
+    torch_models = [m for m in module.bn_models if not _keras_model(m)]
+    if torch_models:
+        model = torch_models[0]
         return f"the BatchNorm layers of `{model.callee}` (line {model.span.start.row})"
     return None
+
+
+def _keras_model(model: LibraryModel) -> bool:
+    return model.qualname.split(".", 1)[0] in ("tensorflow", "keras", "tf_keras")
 
 
 def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:

@@ -201,8 +201,8 @@ class ProjectRunner:
             if self._index is not None:
                 self.notes.extend(f"project analysis gave up: {why}"
                                   for why in dict.fromkeys(self._index.gave_up))
-            self.notes.extend(f"two files are module `{name}` ({', '.join(paths)}): imports of it "
-                              "are resolved from each importer's own folder first"
+            self.notes.extend(f"{_count(len(paths))} files are module `{name}` ({', '.join(paths)}): "
+                              "imports of it are resolved from each importer's own folder first"
                               for name, paths in modules.conflicts())
             finished = True
         finally:
@@ -728,3 +728,9 @@ def _size(path: str) -> int:
 
 def _worker(path: str, size: int) -> int:
     return int(hashlib.md5(path.encode(), usedforsecurity=False).hexdigest()[:8], 16) % size
+
+
+def _count(n: int) -> str:
+    """`two`, `three` ... for a note about a few files; digits beyond."""
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    return words[n] if n < len(words) else str(n)

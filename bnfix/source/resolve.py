@@ -108,7 +108,9 @@ class Resolver:
         module.arg_scoped = frozenset(self.w.arg_scoped)
         module.device_scopes = self.device_scopes
         module.bn_models = [LibraryModel(r.written, self.text.slice(self.text.span(r.call.func)),
-                                         self.text.span(r.call)) for r in self.w.bn_model_raw]
+                                         self.text.span(r.call), r.ctx.function,
+                                         _assigned_name(r.stmt, r.call))
+                            for r in self.w.bn_model_raw]
         module.backends = _backends(self.text.text)
         module.marks = [Mark(kind, self.text.span(node), None,
                              ctx.function.qualname if ctx.function else None)
