@@ -516,8 +516,10 @@ class TorchContext:
         return index > 0 and block[index - 1] is before
 
     def _previous_assignment(self, raw: RawCall) -> ast.expr | None:
-        """`x = self.conv(x)` right before `x = self.bn(x)`: the value of the statement before,
-        when it assigns the very name this call takes."""
+        """`x = self.conv(x)` before `x = self.bn(x)` in the same block: the value last
+        assigned to the name this call takes. Statements between that do not assign the name
+        (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
+        anywhere inside, does."""
         stmt, call = raw.stmt, raw.call
         if not (isinstance(stmt, ast.Assign) and stmt.value is call and call.args and
                 isinstance(call.args[0], ast.Name)):
@@ -525,13 +527,14 @@ class TorchContext:
         block = self.w.blocks.get(self.w.block_of.get(id(stmt), -1))
         if not block:
             return None
+        name = call.args[0].id
         index = next(i for i, s in enumerate(block) if s is stmt)
-        if index == 0:
-            return None
-        before = block[index - 1]
-        if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
-                isinstance(before.targets[0], ast.Name) and before.targets[0].id == call.args[0].id:
-            return before.value
+        for before in reversed(block[:index]):
+            if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
+                    isinstance(before.targets[0], ast.Name) and before.targets[0].id == name:
+                return before.value
+            if _binds(before, name):
+                return None
         return None
 
     @staticmethod
@@ -611,6 +614,23 @@ def conditions_of(text: SourceText, raw: RawCall,
     return tuple(Condition(id(test), text.slice(text.span(test)), negated,
                            uses(test) if uses is not None else frozenset())
                  for negated, test in raw.ctx.conditions)
+
+
+def _binds(stmt: ast.stmt, name: str) -> bool:
+    """The statement may rebind `name` (an assignment, a loop or `with` target, a `def`, an
+    import, `del`, `global`) anywhere in it."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node.name == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return True
+    return False
 
 
 def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:
