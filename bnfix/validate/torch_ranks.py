@@ -4,6 +4,7 @@ and the plain (unsynced) copy of the same model on this rank's shard, gather to 
 from __future__ import annotations
 
 import copy
+import gc
 from datetime import timedelta
 from typing import Any
 
@@ -74,6 +75,12 @@ def gather(records: dict[str, Any], rank: int) -> list[dict[str, Any]] | None:
 
 def leave() -> None:
     """Barrier, then destroy: nobody leaves the group while a peer still needs it (a rank
-    leaving early makes the others' shutdown abort)."""
+    leaving early makes the others' shutdown abort). The caller drops the model of the synced
+    run first, and it is collected here, before the group goes: torch 2.13 on gloo aborts a
+    rank now and then ("terminate called without an active exception", SIGABRT) when modules
+    that ran collectives are freed at the interpreter's exit after `destroy_process_group`
+    (seen once in a CI rehearsal of `validate` joining a torchrun job; the fixtures' DDP
+    scripts free their model the same way)."""
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()

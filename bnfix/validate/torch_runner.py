@@ -148,6 +148,7 @@ def _run_joined(job: TorchJob, progress: Progress) -> Validation | NotReporting:
     initial = copy.deepcopy(model)
     progress.phase("synced, then unsynced training")
     gathered = torch_ranks.gather(torch_ranks.rank_runs(job, rank, model, device), rank)
+    del model  # freed before the group goes (torch_ranks.leave)
     outcome: list[Any] = [2]  # what the others get if rank 0 fails
     validation: Validation | None = None
     if gathered is not None:

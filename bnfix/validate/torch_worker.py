@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
         share_initial_state(model, torch.load(workdir / "initial.pt", map_location=device,
                                               weights_only=True))
         gathered = gather(rank_runs(job, rank, model, device), rank)
+        del model  # freed before the group goes (leave)
         if gathered is not None:
             torch.save(gathered, workdir / "ranks.pt")
         leave()
