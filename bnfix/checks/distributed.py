@@ -167,10 +167,8 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
             assert first.origin is not None
             more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
             built = f"`{first.qualname}` ({first.origin.describe()}){more}"
-            how = "Pass `synchronized=True`" if module.tensorflow_target() >= (2, 12) else \
-                "Use `tf.keras.layers.experimental.SyncBatchNormalization` (`synchronized=True` " \
-                "needs TensorFlow 2.12)"
-            fix = Fix(DISPLAY, f"{how} where the layers are built "
+            fix = Fix(DISPLAY, f"{_sync_hint(module) or 'Pass `synchronized=True`'} where "
+                               f"the layers are built "
                                f"({first.origin.describe()}{more}); {COST}")
             origins = dict.fromkeys((s.origin.path, s.origin.span) for s in sites
                                     if s.origin is not None)
@@ -196,11 +194,19 @@ def _scope_message(built: str, scope: DeviceScope) -> str:
     )
 
 
+def _sync_hint(module: ModuleIR) -> str | None:
+    """What synchronizes a Keras BN where `synchronized=True` does not exist yet."""
+    if module.tensorflow_target() < (2, 12):
+        return ("Use `tf.keras.layers.experimental.SyncBatchNormalization` "
+                "(`synchronized=True` needs TensorFlow 2.12)")
+    return None
+
+
 def _keras_fix(module: ModuleIR, site: BNSite) -> Fix:
     message = f"Pass `synchronized=True` ({COST})"
-    if module.tensorflow_target() < (2, 12):
-        return Fix(DISPLAY, "Use `tf.keras.layers.experimental.SyncBatchNormalization` "
-                            "(`synchronized=True` needs TensorFlow 2.12)")
+    hint = _sync_hint(module)
+    if hint is not None:
+        return Fix(DISPLAY, hint)
     arg = site.args.get("synchronized")
     if arg is not None:
         if is_const(arg.value, False):

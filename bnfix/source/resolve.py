@@ -184,13 +184,21 @@ class Resolver:
         name = _assigned_name(raw.stmt, raw.call)
         if name is None:
             return False
-        function = raw.ctx.function
-        uses = self.w.loads.get((fkey(function), name), 0)
-        donated = sum(1 for r in self.w.attr_calls
-                      if r.ctx.function is function and r.kind in self.vocab.donor_methods
-                      and isinstance(r.call.func, ast.Attribute)
-                      and isinstance(r.call.func.value, ast.Name) and r.call.func.value.id == name)
-        return uses > 0 and donated == uses
+        key = (fkey(raw.ctx.function), name)
+        uses = self.w.loads.get(key, 0)
+        return uses > 0 and self._donations.get(key, 0) == uses
+
+    @functools.cached_property
+    def _donations(self) -> dict[tuple[int, str], int]:
+        """Per (function, name): the calls of a weight-reading method on it (`m.load_weights`,
+        `m.get_layer(...)`), counted once for the module."""
+        out: dict[tuple[int, str], int] = defaultdict(int)
+        for r in self.w.attr_calls:
+            func = r.call.func
+            if r.kind in self.vocab.donor_methods and isinstance(func, ast.Attribute) and \
+                    isinstance(func.value, ast.Name):
+                out[(fkey(r.ctx.function), func.value.id)] += 1
+        return out
 
     def _divided_later(self, call: ast.Call, target: str, function: FunctionInfo | None) -> bool:
         """A division after the sum, in the same function, of a value computed from it (the

@@ -104,10 +104,9 @@ class TorchContext:
                 ok = self.text.starts_row(span.start)
                 body = Block(node.lineno, node.lineno, node.end_lineno or node.lineno,
                              self.text.indentation(node.lineno)) if ok else None
-                block = self.w.blocks.get(self.w.block_of.get(id(node), -1)) or []
-                index = next((i for i, s in enumerate(block) if s is node), 0)
-                previous = block[index - 1].lineno if index > 0 else None
-                self._regions[id(node)] = Region("with", span, body, previous)
+                before = self.w.preceding(node)
+                self._regions[id(node)] = Region("with", span, body,
+                                                 before[-1].lineno if before else None)
             else:
                 function = next(f for f in self.w.functions
                                 if self.w.function_nodes[id(f)] is node)
@@ -495,7 +494,8 @@ class TorchContext:
                 isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
                 and stmt.value.func.attr == "append"
             if appended:
-                if last_append is not None and runs and self._follows(last_append, stmt):
+                before = self.w.preceding(stmt)
+                if last_append is not None and runs and before and before[-1] is last_append:
                     runs[-1].append(value)
                 else:
                     runs.append([value])
@@ -506,15 +506,6 @@ class TorchContext:
                 runs.append(list(value.elts))
         return runs
 
-    def _follows(self, before: ast.stmt, stmt: ast.stmt) -> bool:
-        """`stmt` is the statement right after `before` in the same block."""
-        block_id = self.w.block_of.get(id(stmt))
-        if block_id is None or self.w.block_of.get(id(before)) != block_id:
-            return False
-        block = self.w.blocks.get(block_id, [])
-        index = next((i for i, s in enumerate(block) if s is stmt), 0)
-        return index > 0 and block[index - 1] is before
-
     def _previous_assignment(self, raw: RawCall) -> ast.expr | None:
         """`x = self.conv(x)` before `x = self.bn(x)` in the same block: the value last
         assigned to the name this call takes. Statements between that do not assign the name
@@ -524,12 +515,8 @@ class TorchContext:
         if not (isinstance(stmt, ast.Assign) and stmt.value is call and call.args and
                 isinstance(call.args[0], ast.Name)):
             return None
-        block = self.w.blocks.get(self.w.block_of.get(id(stmt), -1))
-        if not block:
-            return None
         name = call.args[0].id
-        index = next(i for i, s in enumerate(block) if s is stmt)
-        for before in reversed(block[:index]):
+        for before in reversed(self.w.preceding(stmt)):
             if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
                     isinstance(before.targets[0], ast.Name) and before.targets[0].id == name:
                 return before.value

@@ -235,6 +235,13 @@ class Walker:
         self._body(self.tree.body, Ctx())
         return self
 
+    def preceding(self, stmt: ast.stmt) -> list[ast.stmt]:
+        """The statements before `stmt` in its block, in order (none for a statement the walk
+        did not place in a block)."""
+        block = self.blocks.get(self.block_of.get(id(stmt), -1)) or []
+        index = next((i for i, s in enumerate(block) if s is stmt), 0)
+        return block[:index]
+
     def by_qualname(self) -> dict[str, FunctionInfo]:
         """The module's functions by qualified name (made once, after the walk)."""
         if self._by_qualname is None:
