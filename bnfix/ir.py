@@ -476,6 +476,9 @@ class ModeCall:
     statement: Statement
     function: FunctionInfo | None
     bn_guarded: bool  # `x` is narrowed to a BatchNorm by an enclosing isinstance()/name check
+    # the function may run `x` after this call (it names `x` later, or the call is in a loop);
+    # False for a local or parameter this is the last word on: train mode goes to the callers
+    used_after: bool = True
 
 
 @dataclass

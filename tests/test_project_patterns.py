@@ -10,6 +10,7 @@ from pathlib import Path
 from conftest import run_bnfix, write_tree
 
 from bnfix import check_paths
+from bnfix.findings import Applicability
 
 TF1 = "import tensorflow.compat.v1 as tf\n"
 
@@ -403,3 +404,52 @@ def test_bn_subclasses_of_the_project_that_only_reroute_arguments(tmp_path: Path
     })
     assert rows(tmp_path, ["BN006", "BN010"]) == {
         ("train.py", "BN010", 9), ("train.py", "BN006", 14), ("train.py", "BN006", 18)}
+
+
+HAND_WRITTEN_BN = TF1 + '''
+
+def bn(x, is_train, decay=0.9):
+    mean, var = tf.nn.moments(x, [0, 1, 2])
+    mu = tf.get_variable("mu", mean.get_shape(), trainable=False)
+    sigma = tf.get_variable("sigma", var.get_shape(), trainable=False)
+    tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, mu.assign_sub((1 - decay) * (mu - mean)))
+    tf.add_to_collection(tf.GraphKeys.UPDATE_OPS, sigma.assign_sub((1 - decay) * (sigma - var)))
+    mean, var = tf.cond(is_train, lambda: (mean, var), lambda: (mu, sigma))
+    return tf.nn.batch_normalization(x, mean, var, None, None, 1e-5)
+'''
+
+TWO_LOOPS = TF1 + '''import utils
+
+
+def train(images, num_gpus, opt, is_train):
+    losses = []
+    for i in range(num_gpus):
+        with tf.device("/GPU:%d" % i), tf.name_scope("tower_%d" % i):
+            if i > 0:
+                tf.get_variable_scope().reuse_variables()
+            losses.append(tf.reduce_mean(utils.bn(images[i], is_train)))
+    grads = []
+    for i in range(num_gpus):
+        with tf.device("/GPU:%d" % i), tf.name_scope("tower_%d" % i) as scope:
+            if i > 0:
+                tf.get_variable_scope().reuse_variables()
+            grads.append(opt.compute_gradients(losses[i]))
+    apply_op = opt.apply_gradients(grads[0])
+    update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+    return tf.group(*(update_ops + [apply_op]))
+'''
+
+
+def test_a_hand_written_bn_publishes_its_update_ops_and_the_fix_needs_the_loop_that_builds_it(
+        tmp_path: Path):
+    """resnet-18-tensorflow: its own BN adds the moving-average updates to UPDATE_OPS with
+    `tf.add_to_collection` (in utils.py); the towers are built in one loop, their gradients
+    in a second one (name scopes `tower_i_1`), and UPDATE_OPS is collected, unscoped, after
+    the second: every tower's updates run. Scoping by the second loop's `scope` would collect
+    nothing, so the fix is display-only."""
+    write_tree(tmp_path, {"utils.py": HAND_WRITTEN_BN, "model.py": TWO_LOOPS})
+    report = check_paths([tmp_path], select=["BN002"])
+    [finding] = report.remaining
+    assert (Path(finding.path).name, finding.span.start.row) == ("model.py", 19)
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "loop that builds the BN" in finding.fix.message

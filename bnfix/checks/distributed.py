@@ -6,10 +6,10 @@ statistics."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from bnfix.checks import check
-from bnfix.checks.tensorflow import training_mode
+from bnfix.checks.tensorflow import Inside, in_loop, reaches, training_mode
 from bnfix.findings import Applicability, Edit, EditOp, Fix, InsertRows, Span, WrapStatements
 from bnfix.ir import (
     BNSite,
@@ -30,29 +30,6 @@ COST = "SyncBN costs one collective per BN layer per step"
 SYNC_TOWERS = "bnfix.tf1.sync_towers"
 TORCH_SYNC = "torch.nn.SyncBatchNorm.convert_sync_batchnorm"
 BNFIX_SYNC = "bnfix.torch.convert_sync"
-SEARCH_DEPTH = 4
-
-Inside = Callable[[FunctionInfo | None, int], bool]
-
-
-def _reaches(site: BNSite, inside: Inside) -> bool:
-    """The BN site runs inside a region: it is written there, or its function is called from
-    there (through at most SEARCH_DEPTH calls known in the module)."""
-    if inside(site.function, site.span.start.row):
-        return True
-    frontier, seen = [site.function], set()
-    for _ in range(SEARCH_DEPTH):
-        following = []
-        for function in frontier:
-            if function is None or id(function) in seen:
-                continue
-            seen.add(id(function))
-            for call in function.call_sites:
-                if inside(call.caller, call.span.start.row):
-                    return True
-                following.append(call.caller)
-        frontier = following
-    return False
 
 
 def _lines(sites: list[BNSite]) -> str:
@@ -85,18 +62,12 @@ def unsynced_bn_multi_device(module: ModuleIR) -> Iterator[Finding]:
 # TF1 tower loops
 
 
-def _in_loop(tower: TowerLoop) -> Inside:
-    def inside(function: FunctionInfo | None, row: int) -> bool:
-        return function is tower.function and tower.span.start.row <= row <= tower.body_last_row
-    return inside
-
-
 def _towers(module: ModuleIR) -> Iterator[Finding]:
     for tower in (t for t in module.tower_loops if not t.synced):
         sites = [s for s in module.all_bn_sites()
                  if s.api.framework in ("tensorflow", "keras") and not s.api.synced
                  and not s.opt_out
-                 and s.api.kind != "module" and _reaches(s, _in_loop(tower)) and training_mode(s)]
+                 and s.api.kind != "module" and reaches(s, in_loop(tower)) and training_mode(s)]
         if not sites:
             continue
         message = (
@@ -146,7 +117,7 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
                     site.api.synced or site.opt_out:
                 continue
             if is_const(site.value("synchronized"), True) or site.weights_only or \
-                    not _reaches(site, _in_scope(scope)):
+                    not reaches(site, _in_scope(scope)):
                 continue
             reported.add(id(site))
             if site.origin is not None:

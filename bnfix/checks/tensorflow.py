@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from bnfix.checks import check
@@ -267,12 +267,46 @@ def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
         yield Finding("BN002", get.call.span, message, _bn002_fix(module, get, tower))
 
 
+SEARCH_DEPTH = 4  # calls followed from a BN site back to a region (a tower loop, a scope)
+
+Inside = Callable[[FunctionInfo | None, int], bool]
+
+
+def reaches(site: BNSite, inside: Inside) -> bool:
+    """The BN site runs inside a region: it is written there, or its function is called from
+    there (through at most SEARCH_DEPTH calls known in the module)."""
+    if inside(site.function, site.span.start.row):
+        return True
+    frontier, seen = [site.function], set()
+    for _ in range(SEARCH_DEPTH):
+        following = []
+        for function in frontier:
+            if function is None or id(function) in seen:
+                continue
+            seen.add(id(function))
+            for call in function.call_sites:
+                if inside(call.caller, call.span.start.row):
+                    return True
+                following.append(call.caller)
+        frontier = following
+    return False
+
+
+def in_loop(tower: TowerLoop) -> Inside:
+    def inside(function: FunctionInfo | None, row: int) -> bool:
+        return function is tower.function and tower.span.start.row <= row <= tower.body_last_row
+    return inside
+
+
 def _builds_update_ops(module: ModuleIR) -> bool:
     """Some BN the module builds or reaches publishes update ops (with no BN known here, the
-    project's BN APIs answer)."""
+    project's BN APIs answer); a hand-written BN publishes its own with
+    `tf.add_to_collection(UPDATE_OPS, ...)`, here or in code this module calls."""
     sites = module.all_bn_sites()
     if sites:
-        return any(s.api.updates == "update_ops" for s in sites)
+        return any(s.api.updates == "update_ops" for s in sites) or \
+            any(m.kind == "registers:UPDATE_OPS" for m in module.marks) or \
+            bool(module.reached("registers:UPDATE_OPS"))
     return any(api.updates == "update_ops" for api in module.project_apis.values()) or \
         not module.project_apis
 
@@ -308,6 +342,12 @@ def _per_tower_finding(get: CollectionGet, site: CallSite) -> Finding:
 
 def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
     advice = Fix(DISPLAY, "Collect UPDATE_OPS from one tower's name scope", ())
+    sites = module.all_bn_sites()
+    if sites and not any(reaches(s, in_loop(tower)) for s in sites):
+        # the BN known here is built in another loop (a model-building pass before the
+        # gradients'): this loop's name scope holds none of its update ops
+        return Fix(DISPLAY, "Collect UPDATE_OPS from the name scope of one tower of the loop "
+                            "that builds the BN", ())
     plan = _tower_scope(module, tower)
     if plan is None or get.call.args_end is None or get.call.trailing_comma:
         return advice

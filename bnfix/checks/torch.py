@@ -151,6 +151,16 @@ def _bn101_fix(module: ModuleIR, call: ModelCall, target: str) -> Fix:
 # ---------------------------------------------------------------------------------------------
 # BN102 train-undoes-bn-freeze
 
+# `{target}.freeze_bn()`: a method of the model's own class (`apply(fn)` and `fn(model)` work
+# on a wrapper too: they go through its submodules)
+METHOD_FREEZE = re.compile(r"\{target\}\.(?!apply\()\w+\(\)")
+
+
+def _base(target: str) -> str:
+    """The model a DDP/DataParallel wrapper's `.module` is."""
+    return target.removesuffix(".module")
+
+
 
 @check("BN102")
 def train_undoes_bn_freeze(module: ModuleIR) -> Iterator[Finding]:
@@ -165,12 +175,12 @@ def train_undoes_bn_freeze(module: ModuleIR) -> Iterator[Finding]:
     if module.freezing_trains:
         return  # a class re-applies its freeze in train(): the freeze survives train()
     freezes = defaultdict(list)
-    for freeze in module.freeze_calls:
-        freezes[freeze.target].append(freeze)
+    for freeze in module.freeze_calls:  # `model.module.freeze_bn()` freezes what `model` wraps
+        freezes[_base(freeze.target)].append(freeze)
     for mode in module.mode_calls:
-        if mode.kind != "train":
-            continue
-        applied = [f for f in freezes.get(mode.target, ()) if _same_object(f, mode)]
+        if mode.kind != "train" or not mode.used_after:
+            continue  # the last word on a local or a parameter: nothing runs it here after
+        applied = [f for f in freezes.get(_base(mode.target), ()) if _same_object(f, mode)]
         if not applied:
             continue
         if any(f.function is mode.function and f.span.start > mode.span.start for f in applied):
@@ -183,7 +193,8 @@ def train_undoes_bn_freeze(module: ModuleIR) -> Iterator[Finding]:
             "which is not applied again afterwards: the frozen BNs' running statistics move "
             "again from here on"
         )
-        yield Finding("BN102", mode.span, message, _bn102_fix(mode, freeze))
+        yield Finding("BN102", mode.span, message,
+                      _bn102_fix(mode, freeze, _wrapped(module, mode)))
 
 
 def _same_object(freeze: FreezeCall, mode: ModeCall) -> bool:
@@ -197,8 +208,19 @@ def _same_object(freeze: FreezeCall, mode: ModeCall) -> bool:
         freeze.function.class_name == mode.function.class_name
 
 
-def _bn102_fix(mode: ModeCall, freeze: FreezeCall) -> Fix:
-    text = freeze.text.format(target=mode.target)
+def _wrapped(module: ModuleIR, mode: ModeCall) -> bool:
+    """Whether `mode`'s target holds a DDP/DataParallel wrapper there: assigned one earlier
+    in the same function (the wrapper has none of the model's own methods)."""
+    return any(s.kind == "model_wrap" and s.assigned == mode.target and
+               s.function is mode.function and s.statement.span.start < mode.span.start
+               for s in module.model_steps)
+
+
+def _bn102_fix(mode: ModeCall, freeze: FreezeCall, wrapped: bool) -> Fix:
+    target = mode.target
+    if wrapped and METHOD_FREEZE.fullmatch(freeze.text):
+        target += ".module"  # a method of the model: reached through the wrapper's `.module`
+    text = freeze.text.format(target=target)
     advice = Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()`: `{text}`")
     if not freeze.reapplicable:
         return Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()` when the model "
@@ -225,10 +247,6 @@ def _bn102_fix(mode: ModeCall, freeze: FreezeCall) -> Fix:
 
 # ---------------------------------------------------------------------------------------------
 # BN103 sync-bn-after-wrap
-
-
-def _base(target: str) -> str:
-    return target.removesuffix(".module")
 
 
 @check("BN103")

@@ -243,15 +243,6 @@ class Summarizer:
                 rows[m.target] = min(rows.get(m.target, m.span.start.row), m.span.start.row)
         return out
 
-    def _receiver_chain(self, value: ast.expr) -> ast.expr:
-        """`Net(...).to(device).train()` -> `Net(...)`: module methods that return the module
-        keep what is assigned the object the call built."""
-        kinds = self.w.vocab.method_kind
-        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
-                kinds.get(value.func.attr) == "returns_self":
-            value = value.func.value
-        return value
-
     def _record(self, raw: RawCall, target: str, bound: bool) -> CallRecord:
         call = raw.call
         function = raw.ctx.function
@@ -273,7 +264,7 @@ class Summarizer:
         stmt = raw.stmt
         assigned = None
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
-                self._receiver_chain(stmt.value) is call:
+                self.w.receiver_chain(stmt.value) is call:
             assigned = self.r.text.slice(self.r.text.span(stmt.targets[0]))
         return CallRecord(target, loc(self.r.text.span(call)), args, star, bound,
                           self._tags(raw, [t for _, t in texts]), tuple(texts), assigned)

@@ -133,7 +133,31 @@ class TorchContext:
         assert isinstance(call.func, ast.Attribute)
         target = self._text(call.func.value)
         return ModeCall(kind, target, self.text.span(call), self.r.statement(raw.stmt),
-                        raw.ctx.function, self._narrowed_to_bn(target, raw.ctx))
+                        raw.ctx.function, self._narrowed_to_bn(target, raw.ctx),
+                        kind != "train" or self._used_after(raw, call.func.value))
+
+    def _used_after(self, raw: RawCall, receiver: ast.expr) -> bool:
+        """Whether the function may run the object after this statement: it names the
+        receiver's root again after it, or the statement is in a loop (the next round comes
+        back to what came before). Attributes of `self` and module-level names live on past
+        the function: always."""
+        function = raw.ctx.function
+        node = self.w.function_nodes.get(id(function)) if function is not None else None
+        root = receiver
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if node is None or not isinstance(root, ast.Name) or root.id == "self" or \
+                root.id not in function.params and (0, root.id) in self.w.defs:
+            return True
+        stmt = raw.stmt
+        end = (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.For, ast.AsyncFor, ast.While)) and \
+                    sub.lineno <= stmt.lineno and end <= (sub.end_lineno or 0, sub.end_col_offset or 0):
+                return True
+            if isinstance(sub, ast.Name) and sub.id == root.id and (sub.lineno, sub.col_offset) > end:
+                return True
+        return False
 
     def _module_function_calls(self) -> list[tuple[RawCall, FunctionInfo]]:
         """Calls by name of the module's top-level functions, and of functions nested in the
@@ -392,7 +416,8 @@ class TorchContext:
             target = self._text(call.args[0])
         stmt = raw.stmt
         assigned = None
-        if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+                self.w.receiver_chain(stmt.value) is call:  # `DataParallel(model).cuda()` too
             assigned = self._text(stmt.targets[0])
         step = ModelStep(raw.kind, target, assigned, call_info(self.text, call),
                          self.r.statement(stmt), raw.ctx.function, self._text(stmt),
@@ -478,8 +503,12 @@ class TorchContext:
         it unpacks (`nn.Sequential(*layers)`) as the function builds it: each list literal
         assigned or added (`layers += [conv, bn]`, `.extend([...])`) is a run, and so are
         `.append(x)` statements that follow each other in one block. Items of different runs
-        are not known to be adjacent (a loop or a branch may come between)."""
+        are not known to be adjacent (a loop or a branch may come between). An empty one
+        assigned to a name is filled by the `.add(layer)` / `.add_module(name, module)`
+        statements that follow it."""
         args = raw.call.args
+        if not args:
+            return self._added_runs(raw)
         if len(args) != 1:
             return [list(args)]
         only = args[0].value if isinstance(args[0], ast.Starred) else args[0]
@@ -504,6 +533,38 @@ class TorchContext:
             last_append = None
             if isinstance(value, (ast.List, ast.Tuple)):
                 runs.append(list(value.elts))
+        return runs
+
+    def _added_runs(self, raw: RawCall) -> list[list[ast.expr]]:
+        """`seq = keras.Sequential()` then `seq.add(Conv2D(...))`, `seq.add(BN())`: the items
+        of the `.add()` / `.add_module()` statements that follow each other in the block after
+        the assignment, each unbroken sequence a run."""
+        target = _assigned(raw.stmt, raw.call)
+        if target is None:
+            return []
+        block = self.w.blocks.get(self.w.block_of.get(id(raw.stmt), -1)) or []
+        after = block[next((i for i, s in enumerate(block) if s is raw.stmt), len(block)) + 1:]
+        runs: list[list[ast.expr]] = []
+        run: list[ast.expr] = []
+        for stmt in after:
+            call = stmt.value if isinstance(stmt, ast.Expr) else None
+            item = None
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and \
+                    self._text(call.func.value) == target and not call.keywords:
+                if call.func.attr == "add" and len(call.args) == 1:
+                    item = call.args[0]
+                elif call.func.attr == "add_module" and len(call.args) == 2:
+                    item = call.args[1]
+            if item is not None:
+                run.append(item)
+                continue
+            if run:
+                runs.append(run)
+                run = []
+            if _binds(stmt, target.split(".", 1)[0]) and not target.startswith("self."):
+                break  # the name holds something else from here on
+        if run:
+            runs.append(run)
         return runs
 
     def _previous_assignment(self, raw: RawCall) -> ast.expr | None:

@@ -170,6 +170,7 @@ class Walker:
         self.class_names: set[str] = set()
         self.bn_raw: list[tuple[RawCall, ApiSpec]] = []
         self.gets: dict[int, RawCall] = {}
+        self.conds: dict[int, ast.Call] = {}  # `tf.cond(...)` calls (their branches: conditions)
         self.train_raw: list[RawCall] = []
         self.group_raw: list[RawCall] = []
         self.run_raw: list[RawCall] = []
@@ -241,6 +242,33 @@ class Walker:
         block = self.blocks.get(self.block_of.get(id(stmt), -1)) or []
         index = next((i for i, s in enumerate(block) if s is stmt), 0)
         return block[:index]
+
+    def _in_branches(self, call: ast.Call, parents: tuple[ast.Call, ...], ctx: Ctx) -> Ctx:
+        """`ctx` with the predicates of the `cond(pred, true_fn, false_fn)` calls whose branch
+        holds `call` (negated in the false branch), outermost first, as enclosing `if` tests."""
+        where = (call.lineno, call.col_offset)
+        tests = []
+        for parent in parents:
+            if id(parent) not in self.conds:
+                continue
+            branches = dict(zip(("true_fn", "false_fn"), parent.args[1:3]))
+            branches.update((k.arg, k.value) for k in parent.keywords
+                            if k.arg in ("true_fn", "false_fn"))
+            pred = next((k.value for k in parent.keywords if k.arg == "pred"), parent.args[0])
+            for name, branch in branches.items():
+                if (branch.lineno, branch.col_offset) <= where and \
+                        (call.end_lineno, call.end_col_offset) <= (branch.end_lineno, branch.end_col_offset):
+                    tests.append((name == "false_fn", pred))
+        return ctx._replace(conditions=(*ctx.conditions, *tests)) if tests else ctx
+
+    def receiver_chain(self, value: ast.expr) -> ast.expr:
+        """`Net(...).to(device).train()` -> `Net(...)`: module methods that return the module
+        keep what is assigned the object the call built."""
+        kinds = self.vocab.method_kind
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+                kinds.get(value.func.attr) == "returns_self":
+            value = value.func.value
+        return value
 
     def by_qualname(self) -> dict[str, FunctionInfo]:
         """The module's functions by qualified name (made once, after the walk)."""
@@ -632,6 +660,8 @@ class Walker:
               zips: tuple[Zip, ...] = ()) -> None:
         func = call.func
         qual = self.qualname(func)
+        if self.conds and parents:
+            ctx = self._in_branches(call, parents, ctx)
         raw = RawCall(call, ctx, stmt, parents)
         if call.keywords:
             self._keyword_marks(call, ctx, stmt)
@@ -650,6 +680,8 @@ class Walker:
             kind = self.vocab.fn_kind.get(qual)
             if kind == "get_collection":
                 self.gets[id(call)] = raw
+            elif kind == "cond" and call.args:
+                self.conds[id(call)] = call
             elif kind == "group":
                 self.group_raw.append(raw)
             elif qual in self.vocab.train_helpers:
