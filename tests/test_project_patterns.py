@@ -453,3 +453,51 @@ def test_a_hand_written_bn_publishes_its_update_ops_and_the_fix_needs_the_loop_t
     assert (Path(finding.path).name, finding.span.start.row) == ("model.py", 19)
     assert finding.fix.applicability is Applicability.DISPLAY_ONLY
     assert "loop that builds the BN" in finding.fix.message
+
+
+FROZEN_NET = '''import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(8)
+        self.freeze_bn()
+
+    def freeze_bn(self):
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+'''
+
+
+def test_bn102_re_applies_a_freeze_through_the_wrapper_only_where_every_path_wraps(
+        tmp_path: Path):
+    """pytorch-retinanet wraps the model in DataParallel in both branches of an `if`; the
+    re-freeze must go through `.module` (the wrapper has no `freeze_bn`). Where only a flag's
+    branch wraps it, neither spelling works on both paths: the fix is display-only."""
+    write_tree(tmp_path, {"models/__init__.py": "", "models/net.py": FROZEN_NET, "train.py": (
+        "import torch\nfrom models.net import Net\n\n\n"
+        "def both(data):\n"
+        "    model = Net()\n"
+        "    if torch.cuda.is_available():\n"
+        "        model = torch.nn.DataParallel(model).cuda()\n"
+        "    else:\n"
+        "        model = torch.nn.DataParallel(model)\n"
+        "    model.train()\n"
+        "    for x in data:\n"
+        "        model(x)\n\n\n"
+        "def maybe(data, parallel):\n"
+        "    model = Net()\n"
+        "    if parallel:\n"
+        "        model = torch.nn.DataParallel(model)\n"
+        "    model.train()\n"
+        "    for x in data:\n"
+        "        model(x)\n")})
+    report = check_paths([tmp_path], select=["BN102"])
+    fixes = {d.span.start.row: d.fix for d in report.remaining}
+    assert set(fixes) == {11, 20}
+    assert fixes[11].applicability is Applicability.UNSAFE
+    assert [e.content.strip() for e in fixes[11].edits] == ["model.module.freeze_bn()"]
+    assert fixes[20].applicability is Applicability.DISPLAY_ONLY
+    assert "`model.module.freeze_bn()` where it is wrapped" in fixes[20].message

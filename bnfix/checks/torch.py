@@ -208,17 +208,30 @@ def _same_object(freeze: FreezeCall, mode: ModeCall) -> bool:
         freeze.function.class_name == mode.function.class_name
 
 
-def _wrapped(module: ModuleIR, mode: ModeCall) -> bool:
-    """Whether `mode`'s target holds a DDP/DataParallel wrapper there: assigned one earlier
-    in the same function (the wrapper has none of the model's own methods)."""
-    return any(s.kind == "model_wrap" and s.assigned == mode.target and
-               s.function is mode.function and s.statement.span.start < mode.span.start
-               for s in module.model_steps)
+def _wrapped(module: ModuleIR, mode: ModeCall) -> bool | None:
+    """Whether `mode`'s target holds a DDP/DataParallel wrapper there (the wrapper has none
+    of the model's own methods): it was assigned one earlier in the same function, on every
+    path (no `if` around the wrap, or a wrap in both branches of one); None when only some
+    paths wrap it."""
+    wraps = [s for s in module.model_steps
+             if s.kind == "model_wrap" and s.assigned == mode.target and
+             s.function is mode.function and s.statement.span.start < mode.span.start]
+    if not wraps:
+        return False
+    tests = [s.conditions[0] for s in wraps if len(s.conditions) == 1]
+    if any(not s.conditions for s in wraps) or any(a.excludes(b) for a in tests for b in tests):
+        return True
+    return None
 
 
-def _bn102_fix(mode: ModeCall, freeze: FreezeCall, wrapped: bool) -> Fix:
+def _bn102_fix(mode: ModeCall, freeze: FreezeCall, wrapped: bool | None) -> Fix:
     target = mode.target
-    if wrapped and METHOD_FREEZE.fullmatch(freeze.text):
+    if wrapped is not False and METHOD_FREEZE.fullmatch(freeze.text):
+        if wrapped is None:
+            return Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()`: "
+                                f"`{freeze.text.format(target=target + '.module')}` where it is "
+                                "wrapped in DDP/DataParallel, "
+                                f"`{freeze.text.format(target=target)}` where it is not")
         target += ".module"  # a method of the model: reached through the wrapper's `.module`
     text = freeze.text.format(target=target)
     advice = Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()`: `{text}`")
