@@ -248,9 +248,11 @@ def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
         if get.key != "UPDATE_OPS" or get.scoped:
             continue
         if get.tower is None:
-            site = _called_per_tower(get.function)
+            site = _called_where(get.function, "tower")
             if site is not None:
                 yield _per_tower_finding(get, site)
+            elif (site := _called_where(get.function, "after_tower")) is not None:
+                yield _after_towers_finding(get, site)
             continue
         tower = get.tower
         where = "inside" if get.inside_tower else "after"
@@ -311,16 +313,17 @@ def _builds_update_ops(module: ModuleIR) -> bool:
         not module.project_apis
 
 
-def _called_per_tower(function: FunctionInfo | None, depth: int = 2) -> CallSite | None:
-    """A call of `function` (or of a function calling it) made inside a tower loop, here or
-    in another file of the project."""
+def _called_where(function: FunctionInfo | None, tag: str, depth: int = 2) -> CallSite | None:
+    """A call of `function` (or of a function calling it) made where `tag` says (`tower`:
+    inside a tower loop, `after_tower`: after one in the same function), here or in another
+    file of the project."""
     if function is None or depth == 0:
         return None
     for site in function.call_sites:
-        if "tower" in site.tags:
+        if tag in site.tags:
             return site
     for site in function.call_sites:
-        found = _called_per_tower(site.caller, depth - 1)
+        found = _called_where(site.caller, tag, depth - 1)
         if found is not None:
             return found
     return None
@@ -338,6 +341,19 @@ def _per_tower_finding(get: CollectionGet, site: CallSite) -> Finding:
     fix = Fix(DISPLAY, "Pass the tower's name scope and collect `UPDATE_OPS` from it", ())
     return Finding("BN002", get.call.span, message, fix,
                    (_call_related(site, "calls it once per tower"),))
+
+
+def _after_towers_finding(get: CollectionGet, site: CallSite) -> Finding:
+    assert get.function is not None
+    message = (
+        f"`{get.call.callee}(UPDATE_OPS)` without a scope in `{get.function.name}`, which is "
+        f"called after a tower loop {_call_place(site)}: it collects the update ops of every "
+        "tower, so the shared moving mean/variance are updated once per tower each step; "
+        "collect one tower's updates (pass its name scope in)"
+    )
+    fix = Fix(DISPLAY, "Pass one tower's name scope and collect `UPDATE_OPS` from it", ())
+    return Finding("BN002", get.call.span, message, fix,
+                   (_call_related(site, "calls it after the tower loop"),))
 
 
 def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:

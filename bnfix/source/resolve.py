@@ -410,12 +410,16 @@ class Resolver:
                         tags=self.call_tags(raw))
 
     def call_tags(self, raw: RawCall) -> tuple[str, ...]:
-        """Where a call sits: in a TF1 tower loop, under a multi-device tf.distribute strategy
-        scope, in an evaluation region (`no_grad` block or decorated function)."""
+        """Where a call sits: in a TF1 tower loop, after one in the same function, under a
+        multi-device tf.distribute strategy scope, in an evaluation region (`no_grad` block or
+        decorated function)."""
         tags = []
+        row = raw.call.lineno
         if any(loop.device is not None and loop.reuse for loop in raw.ctx.loops):
             tags.append("tower")
-        row = raw.call.lineno
+        elif any(loop.function is raw.ctx.function and loop.device is not None and loop.reuse
+                 and (loop.node.end_lineno or row) < row for loop in self.w.loops):
+            tags.append("after_tower")
         if any(s.function is raw.ctx.function and s.first_row <= row <= s.last_row
                for s in self.device_scopes):
             tags.append("strategy")
