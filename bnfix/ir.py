@@ -637,7 +637,8 @@ class Marker(NamedTuple):
 
 class Mark(NamedTuple):
     """Something other files' rules may ask about a module: `arg_scope:<api id>` (an arg_scope
-    gives a BN API defaults), `loads_weights`, `ema_restore`, `registers:<collection>`."""
+    gives a BN API defaults), `loads_weights`, `ema_restore`, `registers:<collection>`,
+    `update_ops_unrun` (a train op that does not run UPDATE_OPS), `update_ops_read`."""
 
     kind: str
     span: Span

@@ -501,3 +501,37 @@ def test_bn102_re_applies_a_freeze_through_the_wrapper_only_where_every_path_wra
     assert [e.content.strip() for e in fixes[11].edits] == ["model.module.freeze_bn()"]
     assert fixes[20].applicability is Applicability.DISPLAY_ONLY
     assert "`model.module.freeze_bn()` where it is wrapped" in fixes[20].message
+
+
+DARKNET = '''import tensorflow.contrib.slim as slim
+
+
+def body(inputs, is_training):
+    params = {'decay': 0.9, 'is_training': True}
+    return slim.conv2d(inputs, 32, 3, normalizer_fn=slim.batch_norm, normalizer_params=params)
+'''
+
+
+def test_bn010_does_not_turn_on_moving_statistics_that_no_code_of_the_project_updates(
+        tmp_path: Path):
+    """RotationDetection: DarkNet's slim BN is hard-wired to `is_training: True`, and the
+    project's one train op (another file) never runs UPDATE_OPS. Passing the flag makes
+    inference read moving statistics that stay at 0 and 1: the fix is display-only and names
+    the train op. Once any code runs the update ops, the fix is applied again."""
+    train = (TF1 + "from models.darknet import body\n\n\n"
+             "def train(images, is_training, opt):\n"
+             "    loss = body(images, is_training)\n"
+             "    train_op = opt.minimize(loss)\n"
+             "    return train_op\n")
+    write_tree(tmp_path, {"models/__init__.py": "", "models/darknet.py": DARKNET,
+                          "train.py": train})
+    [finding] = check_paths([tmp_path], select=["BN010"]).remaining
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "train.py:7 does not, BN003" in finding.fix.message
+    (tmp_path / "train.py").write_text(train.replace(
+        "    train_op = opt.minimize(loss)\n",
+        "    with tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS)):\n"
+        "        train_op = opt.minimize(loss)\n"))
+    [finding] = check_paths([tmp_path], select=["BN010"]).remaining
+    assert finding.fix.applicability is Applicability.UNSAFE
+    assert [e.content for e in finding.fix.edits] == ["is_training"]

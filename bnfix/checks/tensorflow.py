@@ -706,8 +706,8 @@ def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
                     f"training flag `{flag}`: this BN always normalizes with batch statistics "
                     "and updates its moving averages, also when the model is evaluated; pass the flag"
                 )
-                yield Finding("BN010", arg.span, message,
-                              _bn010_fix(module, arg, flag, function, site))
+                yield Finding("BN010", arg.span, message, _unless_unupdated(
+                    module, [site], _bn010_fix(module, arg, flag, function, site)))
             elif is_evaluation(function):
                 message = (
                     f"`{callee}(..., {written})` in the evaluation function `{function.name}`: "
@@ -715,8 +715,25 @@ def hardcodedtraining_mode(module: ModuleIR) -> Iterator[Finding]:
                     "the batch) and moves the moving averages; use training=False"
                 )
                 fix = Fix(UNSAFE, "Evaluate in inference mode", (Edit(arg.value_span, "False"),))
-                yield Finding("BN010", arg.span, message, fix)
+                yield Finding("BN010", arg.span, message, _unless_unupdated(module, [site], fix))
     yield from _model_in_training_mode(module)
+
+
+def _unless_unupdated(module: ModuleIR, sites: list[BNSite], fix: Fix) -> Fix:
+    """A BN010 fix makes the BN read its moving statistics; where they publish update ops that
+    no code of the project runs (it has train ops, none runs UPDATE_OPS, nothing reads the
+    collection), they stay at 0 and 1 and the fix makes inference wrong: display-only, with
+    the train op to fix first."""
+    if not fix.edits or not any(s.api.updates == "update_ops" and
+                                not is_const(s.value("updates_collections"), None) for s in sites):
+        return fix
+    unrun = module.marks_of("update_ops_unrun")
+    if not unrun or module.marks_of("update_ops_read"):
+        return fix
+    return Fix(DISPLAY, f"{fix.message}, after making the train op run the UPDATE_OPS: no code of "
+                        f"the project runs them (the train op at {unrun[0].where()} does not, "
+                        "BN003), so the moving statistics this makes the BN use stay at 0 and 1",
+               ())
 
 
 def _model_in_training_mode(module: ModuleIR) -> Iterator[Finding]:
@@ -739,7 +756,8 @@ def _model_in_training_mode(module: ModuleIR) -> Iterator[Finding]:
             "with evaluation data; use training=False"
         )
         fix = Fix(UNSAFE, "Evaluate in inference mode", (Edit(arg.value_span, "False"),))
-        yield Finding("BN010", arg.span, message, fix)
+        yield Finding("BN010", arg.span, message,
+                      _unless_unupdated(module, module.all_bn_sites(), fix))
 
 
 def _bn010_fix(module: ModuleIR, arg: Arg, flag: str, function: FunctionInfo,

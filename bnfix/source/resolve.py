@@ -119,6 +119,7 @@ class Resolver:
                               raw.ctx.function.qualname if raw.ctx.function else None)
                          for raw in self.w.restore_raw
                          if self._is_ema(raw.call.func.value, raw.ctx, 0)]  # type: ignore[attr-defined]
+        module.marks += _update_ops_marks(module)
         module.import_row = self._import_row()
         TorchContext(self).lift_into(module)
         return module
@@ -1063,3 +1064,24 @@ def _stringy(expr: ast.expr) -> bool:
         expr.func.attr == "format" and isinstance(expr.func.value, ast.Constant) and \
         isinstance(expr.func.value.value, str)
 
+
+
+def _update_ops_marks(module: ModuleIR) -> list[Mark]:
+    """What the project's other files ask of its update ops: `update_ops_unrun` for each train
+    op that does not run UPDATE_OPS, and `update_ops_read` for the first place that runs or
+    reads them (one per module: whether any code runs them is what is asked). A BN whose
+    training flag a fix turns on reads moving statistics that only these ops update."""
+    def where(function: FunctionInfo | None) -> str | None:
+        return function.qualname if function is not None else None
+
+    marks = [Mark("update_ops_unrun", op.call.span, None, where(op.function))
+             for op in module.train_ops
+             if not op.adds_update_ops and "UPDATE_OPS" not in op.control_keys]
+    reads = [(op.call.span, op.function) for op in module.train_ops
+             if op.adds_update_ops or "UPDATE_OPS" in op.control_keys]
+    reads += [(get.call.span, get.function) for get in module.collection_gets
+              if get.key == "UPDATE_OPS"]
+    if reads:
+        span, function = min(reads, key=lambda r: r[0].start)
+        marks.append(Mark("update_ops_read", span, None, where(function)))
+    return marks
