@@ -580,6 +580,7 @@ class BiasedLayer:
     bias: Arg | None
     activation: Arg | None
     bias_param: str
+    origin: Related | None = None  # a class of another file that is this layer
 
 
 @dataclass

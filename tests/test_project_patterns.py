@@ -535,3 +535,49 @@ def test_bn010_does_not_turn_on_moving_statistics_that_no_code_of_the_project_up
     [finding] = check_paths([tmp_path], select=["BN010"]).remaining
     assert finding.fix.applicability is Applicability.UNSAFE
     assert [e.content for e in finding.fix.edits] == ["is_training"]
+
+
+SAME_PADDING = '''import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Conv2dStaticSamePadding(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, bias=bias)
+
+    def forward(self, x):
+        x = F.pad(x, [1, 1, 1, 1])
+        x = self.conv(x)
+        return x
+'''
+
+
+def test_a_conv_wrapper_without_bn_words_is_summarised_for_the_bn_next_to_it_also_after_edits(
+        tmp_path: Path, monkeypatch):
+    """EfficientDet: `Conv2dStaticSamePadding` (efficientnet/utils_extra.py, no BN word, so no
+    summary of its own) feeds BNs in efficientdet/model.py. The module is summarised because a
+    BN-building function calls into it, and again after it changes (warm runs equal cold)."""
+    write_tree(tmp_path, {
+        "efficientnet/__init__.py": "", "efficientnet/utils_extra.py": SAME_PADDING,
+        "efficientdet/__init__.py": "",
+        "efficientdet/model.py": (
+            "import torch.nn as nn\n"
+            "from efficientnet.utils_extra import Conv2dStaticSamePadding\n\n\n"
+            "def down(c):\n"
+            "    return nn.Sequential(Conv2dStaticSamePadding(c, c, 1), nn.BatchNorm2d(c))\n")})
+    monkeypatch.chdir(tmp_path)
+
+    def found() -> set[tuple[str, str, int]]:
+        report = check_paths([tmp_path], select=["BN104"], cache=True)
+        for d in report.remaining:
+            assert [r.path for r in d.related] == [str(tmp_path / "efficientnet/utils_extra.py")]
+        return {(Path(d.path).name, d.code, d.span.start.row) for d in report.remaining}
+
+    bug = {("model.py", "BN104", 6)}
+    assert found() == bug and found() == bug
+    wrapper = tmp_path / "efficientnet/utils_extra.py"
+    wrapper.write_text(SAME_PADDING.replace("stride=1, bias=True", "stride=1, bias=False"))
+    assert found() == set()
+    wrapper.write_text(SAME_PADDING)
+    assert found() == bug

@@ -21,6 +21,7 @@ from bnfix.findings import (
     shown_path,
 )
 from bnfix.ir import (
+    BiasedLayer,
     CallSite,
     Finding,
     FreezeCall,
@@ -337,7 +338,7 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only with weights that lack it: "
                                f"the project loads trained weights ({loads[0].where()}), which "
                                "hold this bias (and BN statistics that absorbed it)")
-            yield Finding("BN104", layer.call.span, message, fix)
+            yield Finding("BN104", layer.call.span, message, fix, _wrapper(layer))
             continue
         if layer.bias is not None:
             edit = Edit(layer.bias.value_span, "False")
@@ -346,7 +347,12 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
         else:
             edit = Edit(Span.at(layer.call.args_end), f", {name}=False")
         yield Finding("BN104", layer.call.span, message,
-                      Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)))
+                      Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)), _wrapper(layer))
+
+
+def _wrapper(layer: BiasedLayer) -> tuple[Related, ...]:
+    """The class of another file that is the biased layer (a conv wrapper), if it is one."""
+    return (layer.origin,) if layer.origin is not None else ()
 
 
 # ---------------------------------------------------------------------------------------------

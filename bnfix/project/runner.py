@@ -233,6 +233,7 @@ class ProjectRunner:
             self._collect(pool.run("summarise_file", jobs),
                           {p.absolute: p for p in todo})
         by_path = {p.absolute: p for p in plans}
+        self._summarise_callees(plans, by_path)
         project = digest_of(self.store.digests, set(self.store.digests))
         for _ in range(EXPANSION_ROUNDS):
             if all(p.summarised or p.absolute in self._mentioned for p in plans):
@@ -262,7 +263,44 @@ class ProjectRunner:
                 break
             self._collect(pool.run("summarise_file", [
                 (p.worker, (p.absolute, p.ref, True, p.reported, None)) for p in found]), by_path)
+            self._summarise_callees(plans, by_path)
             project = digest_of(self.store.digests, set(self.store.digests))
+
+    def _summarise_callees(self, plans: list[Plan], by_path: dict[str, Plan]) -> None:
+        """Summarise the modules of first-party code that BN-building functions call and that
+        hold no BN word themselves: a conv wrapper class (`Conv2dStaticSamePadding` next to a
+        BN, BN104) is known only from its module's summary. The callers read are the modules
+        summarised in this run (a cached one's callees were summarised when it was, and stay
+        so: a file without BN words that had a summary is summarised again when it changes).
+        One level:
+        what those modules call is not followed (a wrapper is recognised within its own file)."""
+        assert self._modules is not None
+        wanted: dict[str, Plan] = {}
+        for plan in plans:
+            done = plan.done
+            if done is None or plan.summarised or _failed(plan):
+                continue
+            previous = plan.previous
+            if previous is not None and previous.summary is not None and not previous.relevant:
+                wanted[plan.absolute] = plan  # no BN word, and summarised before without one
+        for plan in plans:
+            summary = plan.done.summary if plan.done is not None else None
+            if summary is None:
+                continue
+            for function in summary.functions.values():
+                if not function.bn:
+                    continue
+                for call in function.calls:
+                    if call.target.startswith("@"):
+                        continue
+                    found = self._modules.resolve(call.target, plan.absolute)
+                    callee = by_path.get(os.path.abspath(found[0].path)) if found else None
+                    if callee is not None and not callee.summarised and not _failed(callee):
+                        wanted.setdefault(callee.absolute, callee)
+        if wanted:
+            todo = sorted(wanted.values(), key=lambda p: p.absolute)
+            self._collect(self._workers(len(todo)).run("summarise_file", [
+                (p.worker, (p.absolute, p.ref, True, p.reported, None)) for p in todo]), by_path)
 
     def _uses_bn_code(self, path: str) -> bool:
         """Whether a file that does not parse names first-party BN code with its module

@@ -19,6 +19,7 @@ from bnfix.project.summary import (
     ParamSpec,
     Ref,
 )
+from bnfix.rulebook import LayerSpec
 from bnfix.source.torch_context import freeze_switch
 from bnfix.source.walk import binding
 
@@ -305,7 +306,8 @@ class Summarizer:
 
     def class_facts(self, name: str) -> set[str]:
         """`freeze:<method>` for its BN freeze methods, `init_freeze:<text>` for a freeze it
-        applies to itself at construction, `train_refreezes` when its train() re-freezes."""
+        applies to itself at construction, `train_refreezes` when its train() re-freezes,
+        `layer:...` when it is a biased layer under another name (wrappers.py)."""
         facts = {f"freeze:{q.split('.', 1)[1]}" for q in self.module.freezers
                  if q.startswith(name + ".") and q.count(".") == 1}
         for call in self.module.freeze_calls:
@@ -316,6 +318,9 @@ class Summarizer:
                 facts.add(f"init_freeze:{call.text}{switch.encode() if switch else ''}")
         if name in self.module.freezing_trains:
             facts.add("train_refreezes")
+        layer = self.r.layer_aliases.get(name)
+        if layer is not None:
+            facts.add(layer_fact(layer))
         return facts
 
     def _returns(self, function: FunctionInfo) -> tuple[str, ...]:
@@ -385,3 +390,17 @@ class Summarizer:
                 out[name] = ref(value, None)
         return out
 
+
+
+def layer_fact(spec: LayerSpec) -> str:
+    """A class taken as a biased layer, as a class fact: what BN104 needs at a call of it."""
+    return ":".join(("layer", spec.framework, spec.bias, spec.activation or "", ",".join(spec.params)))
+
+
+def layer_of(fact: str) -> LayerSpec | None:
+    """The layer a `layer:` class fact describes."""
+    parts = fact.split(":")
+    if len(parts) != 5 or parts[0] != "layer":
+        return None
+    _, framework, bias, activation, params = parts
+    return LayerSpec(framework, tuple(p for p in params.split(",") if p), bias, activation or None)

@@ -35,11 +35,12 @@ from bnfix.ir import (
     ModuleIR,
     Origin,
     Param,
+    Related,
     Unknown,
     Value,
 )
 from bnfix.project.index import ProjectIndex, Reach
-from bnfix.project.summarize import Summarizer
+from bnfix.project.summarize import Summarizer, layer_of
 from bnfix.project.summary import (
     MODULE_SCOPE,
     UNKNOWN,
@@ -50,7 +51,12 @@ from bnfix.project.summary import (
     Ref,
 )
 from bnfix.source.calls import call_info
-from bnfix.source.torch_context import UNKNOWN_VALUE, FreezeSwitch, conditions_of
+from bnfix.source.torch_context import (
+    UNKNOWN_VALUE,
+    FreezeSwitch,
+    TorchContext,
+    conditions_of,
+)
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
@@ -82,7 +88,8 @@ class ForeignCall(NamedTuple):
 
 class ClassInfo(NamedTuple):
     """A first-party class (of another file) that a call here instantiates, with the facts of
-    it and its first-party bases (`freeze:<method>`, `init_freeze:<text>`, `train_refreezes`)."""
+    it and its first-party bases (`freeze:<method>`, `init_freeze:<text>`, `train_refreezes`),
+    and `layer:...` when the class called is a biased layer (wrappers.py)."""
 
     path: str
     name: str
@@ -254,6 +261,7 @@ def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> Clas
     there does."""
     found = index.resolve_class(module_id, call.target)
     bind: Binder = lambda name, i: _bound(call, name, i)
+    direct = found is not None
     if found is None:
         for target in index.targets(module_id, call.target):
             function = index.function(*target.key)
@@ -273,6 +281,8 @@ def _instantiated(index: ProjectIndex, module_id: str, call: CallRecord) -> Clas
     for where, base in index.mro(owner, klass.name):
         init = index.function(where, f"{base.name}.__init__")
         for fact in base.facts:
+            if fact.startswith("layer:") and not (direct and base is klass):
+                continue  # what the class called is, not what a base or a factory's class is
             if fact.startswith("init_freeze:"):
                 text, switch = FreezeSwitch.decode(fact.split(":", 1)[1])
                 fact = f"init_freeze:{text}"
@@ -444,6 +454,25 @@ class ProjectView:
         module.imported = self.context.imported
         self._attach_freezes(resolver, module, summarizer)
         self._attach_steps(resolver, module, summarizer)
+        self._attach_layers(resolver, module, summarizer)
+
+    def _attach_layers(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
+        """Calls of classes of other files that are a biased layer (a conv wrapper): BN104
+        pairs them with the BN their output goes into."""
+        if not module.bn_sites:
+            return
+        foreign = []
+        for raw, record in summarizer.call_records():
+            info = self.context.instances.get(record.loc)
+            if info is None or info.path == self.path:
+                continue
+            for fact in info.facts:
+                spec = layer_of(fact)
+                if spec is not None:
+                    foreign.append((raw, spec, Related(
+                        info.path, span(info.loc), f"`{info.name}` adds its layer's bias")))
+        if foreign:
+            module.bias_before_bn = TorchContext(resolver).bias_pairs(module.bn_sites, foreign)
 
     def _attach_steps(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
         """Helpers that wrap a model, build its optimizer or convert its BN (BN103, BN006)."""

@@ -44,11 +44,12 @@ from bnfix.ir import (
     is_const,
     negate,
 )
-from bnfix.rulebook import ApiSpec
+from bnfix.rulebook import ApiSpec, LayerSpec
 from bnfix.source.calls import call_info
 from bnfix.source.subclasses import Alias, bn_aliases
 from bnfix.source.torch_context import TorchContext, conditions_of
 from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey
+from bnfix.source.wrappers import layer_aliases
 
 TRACE_DEPTH = 6
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -66,6 +67,7 @@ class Resolver:
         self._done_sites: set[tuple[int, int]] = set()
         self._aliased: dict[int, tuple[str, bool]] = {}  # call id -> (BN subclass, own __init__)
         self.aliases: dict[str, Alias] = {}  # the module's BN subclasses taken as their BN
+        self.layer_aliases: dict[str, LayerSpec] = {}  # its classes taken as a biased layer
 
     def resolve(self) -> ModuleIR:
         self._subclass_constructions()
@@ -562,14 +564,19 @@ class Resolver:
 
     def _subclass_constructions(self) -> None:
         """Constructions of the module's BN subclasses that only re-route arguments: BN
-        calls of the API they extend (subclasses.py)."""
+        calls of the API they extend (subclasses.py); of its classes that are a biased layer
+        under another name: layer calls (wrappers.py)."""
         classes = [node for node, ctx in self.w.class_defs if ctx.function is None]
         aliases = self.aliases = bn_aliases(classes, self.w.imports, self.w.cat) if classes else {}
-        if not aliases:
+        layers = self.layer_aliases = layer_aliases(classes, self.w.imports, self.w.cat) \
+            if classes else {}
+        if not aliases and not layers:
             return
         for raw in self.w.local_calls:
             func = raw.call.func
-            if isinstance(func, ast.Name) and func.id in aliases:
+            if isinstance(func, ast.Name) and func.id in layers:
+                self.w.layer_raw.append((raw, layers[func.id]))
+            elif isinstance(func, ast.Name) and func.id in aliases:
                 alias = aliases[func.id]
                 raw.written = alias.written
                 self._aliased[id(raw.call)] = (func.id, alias.own_init)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.ir import (
@@ -25,6 +25,7 @@ from bnfix.ir import (
     ModuleIR,
     ParamFreeze,
     Region,
+    Related,
     ShadowedMethod,
     is_const,
 )
@@ -33,6 +34,7 @@ from bnfix.source.text import SourceText
 from bnfix.source.walk import Ctx, RawCall, fkey
 
 if TYPE_CHECKING:
+    from bnfix.rulebook import LayerSpec
     from bnfix.source.resolve import Resolver
 
 
@@ -52,7 +54,7 @@ class TorchContext:
         self._freezes(module)
         module.param_freezes = self._param_freezes()
         module.model_steps = [s for s in map(self._model_step, self.w.step_raw) if s is not None]
-        module.bias_before_bn = self._bias_before_bn(module.bn_sites)
+        module.bias_before_bn = self.bias_pairs(module.bn_sites)
         trains = any(s.kind == "optimizer" for s in module.model_steps) or any(
             raw.kind in ("backward", "step", "minimize", "apply_gradients", "fit")
             for raw in self.w.attr_calls) or bool(self.w.train_raw)
@@ -441,13 +443,20 @@ class TorchContext:
 
     # -- biased layers feeding a BN ---------------------------------------------------------
 
-    def _bias_before_bn(self, sites: list[BNSite]) -> list[BiasBeforeBN]:
+    def bias_pairs(self, sites: list[BNSite],
+                   foreign: Sequence[tuple[RawCall, LayerSpec, Related]] = ()
+                   ) -> list[BiasBeforeBN]:
+        """Biased layers whose output goes straight into a BN: the file's own layer calls and
+        `foreign` ones, calls of classes of other files that are a biased layer (the project
+        view knows them; the related location is the class)."""
         layers: dict[int, BiasedLayer] = {}
         layer_targets: dict[str, BiasedLayer] = {}
-        for raw, spec in self.w.layer_raw:
+        calls = [(raw, spec, None) for raw, spec in self.w.layer_raw] + list(foreign)
+        for raw, spec, origin in calls:
             args = self.r.bind_args(raw, spec.params)
             layer = BiasedLayer(spec.framework, call_info(self.text, raw.call), args.get(spec.bias),
-                                args.get(spec.activation) if spec.activation else None, spec.bias)
+                                args.get(spec.activation) if spec.activation else None, spec.bias,
+                                origin)
             layers[id(raw.call)] = layer
             target = _assigned(raw.stmt, raw.call)
             if target is not None:
@@ -538,15 +547,21 @@ class TorchContext:
     def _added_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """`seq = keras.Sequential()` then `seq.add(Conv2D(...))`, `seq.add(BN())`: the items
         of the `.add()` / `.add_module()` statements that follow each other in the block after
-        the assignment, each unbroken sequence a run."""
+        the assignment, each unbroken sequence a run; in the body of a loop there, those that
+        follow each other within one turn."""
         target = _assigned(raw.stmt, raw.call)
         if target is None:
             return []
         block = self.w.blocks.get(self.w.block_of.get(id(raw.stmt), -1)) or []
         after = block[next((i for i, s in enumerate(block) if s is raw.stmt), len(block)) + 1:]
+        return self._runs_in(after, target)
+
+    def _runs_in(self, stmts: list[ast.stmt], target: str) -> list[list[ast.expr]]:
+        """The runs of `.add()` items on `target` in `stmts`, up to a statement that binds the
+        name to something else (nothing after it adds to the same object)."""
         runs: list[list[ast.expr]] = []
         run: list[ast.expr] = []
-        for stmt in after:
+        for stmt in stmts:
             call = stmt.value if isinstance(stmt, ast.Expr) else None
             item = None
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and \
@@ -562,7 +577,9 @@ class TorchContext:
                 runs.append(run)
                 run = []
             if _binds(stmt, target.split(".", 1)[0]) and not target.startswith("self."):
-                break  # the name holds something else from here on
+                return runs  # the name holds something else from here on
+            if isinstance(stmt, (ast.For, ast.While)):
+                runs += self._runs_in(stmt.body, target)
         if run:
             runs.append(run)
         return runs
@@ -571,19 +588,25 @@ class TorchContext:
         """`x = self.conv(x)` before `x = self.bn(x)` in the same block: the value last
         assigned to the name this call takes. Statements between that do not assign the name
         (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
-        anywhere inside, does."""
+        anywhere inside, does. A BN in the body of an `if` reads what came before the `if`."""
         stmt, call = raw.stmt, raw.call
         if not (isinstance(stmt, ast.Assign) and stmt.value is call and call.args and
                 isinstance(call.args[0], ast.Name)):
             return None
         name = call.args[0].id
-        for before in reversed(self.w.preceding(stmt)):
-            if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
-                    isinstance(before.targets[0], ast.Name) and before.targets[0].id == name:
-                return before.value
-            if _binds(before, name):
+        while True:
+            for before in reversed(self.w.preceding(stmt)):
+                if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
+                        isinstance(before.targets[0], ast.Name) and before.targets[0].id == name:
+                    return before.value
+                if _binds(before, name):
+                    return None
+            # the first assignment in the body of an `if`: what the name held before the `if`
+            # (`x = self.conv(x)`, then `if self.norm: x = self.bn(x)`)
+            owner = self.w.block_owner.get(self.w.block_of.get(id(stmt), -1))
+            if owner is None:
                 return None
-        return None
+            stmt = owner
 
     @staticmethod
     def _scoped(target: str, ctx: Ctx) -> str:
