@@ -527,7 +527,7 @@ def test_bn010_does_not_turn_on_moving_statistics_that_no_code_of_the_project_up
                           "train.py": train})
     [finding] = check_paths([tmp_path], select=["BN010"]).remaining
     assert finding.fix.applicability is Applicability.DISPLAY_ONLY
-    assert "train.py:7 does not, BN003" in finding.fix.message
+    assert "train.py:7 does not; see BN003" in finding.fix.message
     (tmp_path / "train.py").write_text(train.replace(
         "    train_op = opt.minimize(loss)\n",
         "    with tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS)):\n"

@@ -731,7 +731,7 @@ def _unless_unupdated(module: ModuleIR, sites: list[BNSite], fix: Fix) -> Fix:
     if not unrun or module.marks_of("update_ops_read"):
         return fix
     return Fix(DISPLAY, f"{fix.message}, after making the train op run the UPDATE_OPS: no code of "
-                        f"the project runs them (the train op at {unrun[0].where()} does not, "
+                        f"the project runs them (the train op at {unrun[0].where()} does not; see "
                         "BN003), so the moving statistics this makes the BN use stay at 0 and 1",
                ())
 

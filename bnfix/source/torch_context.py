@@ -496,14 +496,19 @@ class TorchContext:
             if isinstance(inner, BiasedLayer):
                 pairs.append(BiasBeforeBN(inner, site, "nested"))  # type: ignore[arg-type]
                 continue
-            previous = self._previous_assignment(raw)
+            def bn_step(stmt: ast.stmt, ctx: Ctx = raw.ctx) -> bool:
+                """`x = <a BN>(x)`: the other branch of an `if` normalizes too."""
+                return isinstance(stmt, ast.Assign) and \
+                    applied(stmt.value, ctx, bn_targets, bn_calls) is not None
+
+            previous = self._previous_assignment(raw, bn_step)
             if previous is not None:
                 inner = applied(previous, raw.ctx, layer_targets, layers)
                 if isinstance(inner, BiasedLayer):
                     pairs.append(BiasBeforeBN(inner, site, "consecutive"))  # type: ignore[arg-type]
-        unique: dict[tuple[int, int], BiasBeforeBN] = {}
-        for pair in pairs:
-            unique.setdefault((id(pair.layer), id(pair.bn)), pair)
+        unique: dict[int, BiasBeforeBN] = {}
+        for pair in pairs:  # one per layer: the BN of each branch of an `if` cancels one bias
+            unique.setdefault(id(pair.layer), pair)
         return list(unique.values())
 
     def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
@@ -584,11 +589,14 @@ class TorchContext:
             runs.append(run)
         return runs
 
-    def _previous_assignment(self, raw: RawCall) -> ast.expr | None:
+    def _previous_assignment(self, raw: RawCall,
+                             bn_step: Callable[[ast.stmt], bool]) -> ast.expr | None:
         """`x = self.conv(x)` before `x = self.bn(x)` in the same block: the value last
         assigned to the name this call takes. Statements between that do not assign the name
         (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
-        anywhere inside, does. A BN in the body of an `if` reads what came before the `if`."""
+        anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
+        when the other branch starts with a BN too (`bn_step`: `if sync: x = SyncBN()(x)
+        else: x = BN()(x)`); with one branch only, the bias survives on the other path."""
         stmt, call = raw.stmt, raw.call
         if not (isinstance(stmt, ast.Assign) and stmt.value is call and call.args and
                 isinstance(call.args[0], ast.Name)):
@@ -601,10 +609,13 @@ class TorchContext:
                     return before.value
                 if _binds(before, name):
                     return None
-            # the first assignment in the body of an `if`: what the name held before the `if`
-            # (`x = self.conv(x)`, then `if self.norm: x = self.bn(x)`)
-            owner = self.w.block_owner.get(self.w.block_of.get(id(stmt), -1))
-            if owner is None:
+            block = self.w.block_of.get(id(stmt), -1)
+            owner = self.w.block_owner.get(block)
+            if owner is None or not owner.orelse:
+                return None
+            other = owner.orelse if block == id(owner.body) else owner.body
+            first = next((s for s in other if _binds(s, name)), None)
+            if first is None or not bn_step(first):
                 return None
             stmt = owner
 

@@ -197,7 +197,7 @@ class Walker:
         self.model_calls: list[RawCall] = []  # `net(x)` / `self.net(x)` / `m.f(x)` in a region
         self.block_of: dict[int, int] = {}  # statement -> the id of the body holding it
         self.blocks: dict[int, list[ast.stmt]] = {}  # that id -> the body
-        self.block_owner: dict[int, ast.If] = {}  # an `if` body's id -> the `if`
+        self.block_owner: dict[int, ast.If] = {}  # an `if` body's (or else's) id -> the `if`
         self.layer_raw: list[tuple[RawCall, LayerSpec]] = []
         self.step_raw: list[RawCall] = []  # model wraps, optimizers, SyncBN conversions
         self.scope_raw: list[tuple[ast.Call, Ctx, ast.With | ast.AsyncWith]] = []  # `x.scope()`
@@ -364,6 +364,8 @@ class Walker:
             ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
             orelse = stmt.orelse
             if len(orelse) != 1 or not isinstance(orelse[0], ast.If):
+                if orelse:
+                    self.block_owner[id(orelse)] = stmt
                 self._body(orelse, ctx)
                 return
             self.blocks[id(orelse)] = orelse  # what _body records for the `elif` ...
