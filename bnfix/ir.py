@@ -270,6 +270,9 @@ class BNSite:
     # built through a BN subclass of the project that only re-routes arguments (its name):
     # the rules read it as the BN it extends; a fix must not rewrite its callee
     via_class: str | None = None
+    # what else its callee may be: the other targets of a name imported under a version test,
+    # with their catalogue entry (None: the project's own code, or not a BN API)
+    alternatives: tuple[tuple[str, ApiRef | None], ...] = ()
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -614,6 +617,7 @@ class ApiMention(NamedTuple):
     text: str  # as written here (`slim.batch_norm`)
     span: Span
     function: FunctionInfo | None
+    alternatives: tuple[tuple[str, ApiRef | None], ...] = ()  # as BNSite's
 
 
 class DeviceScope(NamedTuple):

@@ -20,7 +20,7 @@ from bnfix.ir import (
     bindings,
     is_string,
 )
-from bnfix.rulebook import Migration
+from bnfix.rulebook import ApiRef, Migration
 
 UNSAFE = Applicability.UNSAFE
 DISPLAY = Applicability.DISPLAY_ONLY
@@ -144,7 +144,8 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
     version = ".".join(map(str, tensorflow))
     for mention in module.api_mentions:
         migration = mention.api.migration
-        if migration is None or not _removed(migration, mention.written, tensorflow):
+        if migration is None or not _removed(migration, mention.written, tensorflow) or \
+                _guarded(mention.alternatives, tensorflow):
             continue
         shown = module.spell(migration.to) or migration.to
         message = (f"`{mention.text}` does not exist in TensorFlow {version} (the version this "
@@ -157,7 +158,8 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
     for site in module.bn_sites:
         migration = site.api.migration
         if migration is None or site.via_class is not None or \
-                not _removed(migration, site.written, tensorflow):
+                not _removed(migration, site.written, tensorflow) or \
+                _guarded(site.alternatives, tensorflow):
             continue  # a subclass of a removed API: reported where its class names the base
         target = module.spell(migration.to)
         shown = target or migration.to
@@ -183,6 +185,17 @@ def deprecated_bn_api(module: ModuleIR) -> Iterator[Finding]:
             fix = Fix(_applicability(site, migration), f"Use `{shown}` with the arguments mapped",
                       tuple(plan.edits))
         yield Finding("BN007", site.call.span, message, fix)
+
+
+def _guarded(alternatives: tuple[tuple[str, ApiRef | None], ...],
+             tensorflow: tuple[int, ...]) -> bool:
+    """The name is imported under a version test, and one of its other targets exists on the
+    targeted TensorFlow (the project's own copy, a maintained package, an API not removed):
+    the code picks what runs there (tensornets: `if tf_later_than('2'): from .contrib_layers
+    import batch_norm`, `else: from tensorflow.contrib.layers import batch_norm`)."""
+    return any(api is None or api.migration is None or
+               not _removed(api.migration, qualname, tensorflow)
+               for qualname, api in alternatives)
 
 
 def _removed(migration: Migration, written: str, tensorflow: tuple[int, ...]) -> bool:

@@ -37,6 +37,10 @@ class ModuleContext(NamedTuple):
 class ImportTable:
     def __init__(self, context: ModuleContext | None = None) -> None:
         self._names: dict[str, str] = {}
+        # every target each name is bound to, in order: a name imported in both branches of
+        # a version test (`if tf2: from .vendored import bn` / `else: from tf.contrib ...`)
+        # is one of them at run time
+        self.targets: dict[str, list[str]] = {}
         self.context = context
         self.star: list[str] = []  # modules whose names `from m import *` binds
         # library modules star-imported (`from keras.layers import *`), the latest last: a
@@ -56,9 +60,14 @@ class ImportTable:
         module = node.module
         if node.level:
             module = self.context.absolute(node.level, node.module) if self.context else None
-        if not module:
+        if not module:  # a relative import outside a known package: what it binds is unknown
+            written = "." * node.level + (f"{node.module}." if node.module else "")
             for alias in node.names:
-                self._names.pop(alias.asname or alias.name, None)
+                local = alias.asname or alias.name
+                self._names.pop(local, None)
+                seen = self.targets.setdefault(local, [])
+                if written + alias.name not in seen:
+                    seen.append(written + alias.name)
             return
         for alias in node.names:
             if alias.name == "*":
@@ -72,6 +81,23 @@ class ImportTable:
 
     def _set(self, local: str, target: str) -> None:
         self._names[local] = target
+        seen = self.targets.setdefault(local, [])
+        if target not in seen:
+            seen.append(target)
+
+    def alternatives(self, node: ast.expr) -> list[str]:
+        """The other qualified names `node` (`batch_norm`, `slim.batch_norm`) stands for where
+        its base name is bound to several targets (version-guarded imports)."""
+        base = node
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        if not isinstance(base, ast.Name) or len(self.targets.get(base.id, ())) < 2:
+            return []
+        bound, written = self._names.get(base.id), self.qualname(node)
+        if bound is None or written is None:
+            return []
+        rest = written[len(bound):]
+        return [t + rest for t in self.targets[base.id] if t != bound]
 
     def bind(self, name: str, qualname: str) -> None:
         """`name = tf.contrib.slim`: the name now stands for that qualified name."""

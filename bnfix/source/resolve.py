@@ -44,7 +44,7 @@ from bnfix.ir import (
     is_const,
     negate,
 )
-from bnfix.rulebook import ApiSpec, LayerSpec
+from bnfix.rulebook import ApiRef, ApiSpec, LayerSpec
 from bnfix.source.calls import call_info
 from bnfix.source.subclasses import Alias, bn_aliases
 from bnfix.source.torch_context import TorchContext, conditions_of
@@ -593,7 +593,8 @@ class Resolver:
         site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
                       unpacked=unpacked, written=raw.written,
                       conditions=conditions_of(self.text, raw, functools.partial(
-                          self.names_used, function=raw.ctx.function)), via_class=via)
+                          self.names_used, function=raw.ctx.function)), via_class=via,
+                      alternatives=self._alternatives(raw.call.func))
         target = self._assigned_target(raw)
         if target is not None:
             self._site_targets[id(site)] = target
@@ -638,7 +639,8 @@ class Resolver:
             if spec is None or spec.migration is None:
                 continue
             span = self.text.span(node)
-            out.append(ApiMention(spec.ref, written, self.text.slice(span), span, ctx.function))
+            out.append(ApiMention(spec.ref, written, self.text.slice(span), span, ctx.function,
+                                  self._alternatives(node)))
         return out
 
     def _normalizer_site(self, raw: RawCall, spec: ApiSpec, keyword: ast.keyword) -> BNSite:
@@ -661,7 +663,16 @@ class Resolver:
                       unpacked=params is not None and not args, written=written,
                       conditions=conditions_of(self.text, raw, functools.partial(
                           self.names_used, function=function)),
-                      indirect="normalizer_fn")
+                      indirect="normalizer_fn", alternatives=self._alternatives(keyword.value))
+
+    def _alternatives(self, node: ast.expr) -> tuple[tuple[str, ApiRef | None], ...]:
+        """What else the name `node` may stand for (imports under a version test), each with
+        its catalogue entry."""
+        out = []
+        for qualname in self.w.imports.alternatives(node):
+            spec = self.w.cat.apis.get(self.w.cat.normalize(qualname))
+            out.append((qualname, spec.ref if spec is not None else None))
+        return tuple(out)
 
     def _dict_args(self, expr: ast.expr | None, function: FunctionInfo | None,
                    depth: int = 0) -> dict[str, Arg]:

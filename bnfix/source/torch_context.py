@@ -488,8 +488,12 @@ class TorchContext:
                 return calls.get(id(node.func))
             return table.get(self._scoped(self._text(node.func), ctx))
 
+        helpers = self._normalizing_helpers(
+            lambda node: applied(node, Ctx(), bn_targets, bn_calls))
         for raw in self.w.local_calls + self.w.attr_calls:
             site = applied(raw.call, raw.ctx, bn_targets, bn_calls)
+            if site is None and isinstance(raw.call.func, ast.Name):
+                site = helpers.get(raw.call.func.id)  # `_bn_relu(conv)`
             if site is None or not raw.call.args:
                 continue
             inner = applied(raw.call.args[0], raw.ctx, layer_targets, layers)
@@ -510,6 +514,28 @@ class TorchContext:
         for pair in pairs:  # one per layer: the BN of each branch of an `if` cancels one bias
             unique.setdefault(id(pair.layer), pair)
         return list(unique.values())
+
+    def _normalizing_helpers(self, bn_of: Callable[[ast.expr], object | None]
+                             ) -> dict[str, BNSite]:
+        """Module-level functions whose first statement applies a BN to their first parameter
+        (`def _bn_relu(x): norm = BatchNormalization()(x)`, then an activation): a call
+        `_bn_relu(conv)` puts `conv` straight into that BN."""
+        out: dict[str, BNSite] = {}
+        for node in self.w.tree.body:
+            if not isinstance(node, ast.FunctionDef) or not node.args.args:
+                continue
+            body = [s for s in node.body if not (isinstance(s, ast.Expr) and
+                                                 isinstance(s.value, ast.Constant))]
+            first = body[0] if body else None
+            value = first.value if isinstance(first, (ast.Assign, ast.Return)) else None
+            if not (isinstance(value, ast.Call) and len(value.args) == 1 and
+                    isinstance(value.args[0], ast.Name) and
+                    value.args[0].id == node.args.args[0].arg):
+                continue
+            site = bn_of(value)
+            if isinstance(site, BNSite):
+                out[node.name] = site
+        return out
 
     def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """The runs of items a `Sequential(...)` call chains, each run in order: its arguments,
@@ -591,15 +617,16 @@ class TorchContext:
 
     def _previous_assignment(self, raw: RawCall,
                              bn_step: Callable[[ast.stmt], bool]) -> ast.expr | None:
-        """`x = self.conv(x)` before `x = self.bn(x)` in the same block: the value last
+        """`x = self.conv(x)` before `x = self.bn(x)` (or `return self.bn(x)`) in the same
+        block: the value last
         assigned to the name this call takes. Statements between that do not assign the name
         (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
         anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
         when the other branch starts with a BN too (`bn_step`: `if sync: x = SyncBN()(x)
         else: x = BN()(x)`); with one branch only, the bias survives on the other path."""
         stmt, call = raw.stmt, raw.call
-        if not (isinstance(stmt, ast.Assign) and stmt.value is call and call.args and
-                isinstance(call.args[0], ast.Name)):
+        if not (isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is call and
+                call.args and isinstance(call.args[0], ast.Name)):
             return None
         name = call.args[0].id
         while True:
