@@ -584,6 +584,7 @@ class BiasedLayer:
     activation: Arg | None
     bias_param: str
     origin: Related | None = None  # a class of another file that is this layer
+    functional: bool = False  # applied where it is called (`tf.layers.conv2d(x, ...)`)
 
 
 @dataclass

@@ -221,6 +221,7 @@ class LayerSpec(NamedTuple):
     params: tuple[str, ...]
     bias: str  # the parameter that switches the bias off (`bias`, `use_bias`)
     activation: str | None  # Keras layers apply an activation after the bias
+    functional: bool = False  # a function applied to its input (`tf.layers.conv2d(x, ...)`)
 
 
 class Catalogue:
@@ -536,6 +537,7 @@ def _load_catalogue(folder: Path, read: Callable[[Path], dict[str, Any]] = _read
                 params=tuple(_require(entry, "params", path)),
                 bias=_require(entry, "bias", path),
                 activation=entry.get("activation"),
+                functional=_flag(entry, "functional", False, path),
             )
             for name in _require(entry, "names", path):
                 cat.layers[name] = layer

@@ -336,8 +336,9 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
         loads = module.marks_of("loads_weights")
         if loads:
             fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only with weights that lack it: "
-                               f"the project loads trained weights ({loads[0].where()}), which "
-                               "hold this bias (and BN statistics that absorbed it)")
+                               f"the project loads trained weights (for instance at "
+                               f"{loads[0].where()}); a checkpoint saved with this bias (and BN "
+                               "statistics that absorbed it) would no longer load strictly")
             yield Finding("BN104", layer.call.span, message, fix, _wrapper(layer))
             continue
         if layer.bias is not None:

@@ -454,9 +454,11 @@ class TorchContext:
         calls = [(raw, spec, None) for raw, spec in self.w.layer_raw] + list(foreign)
         for raw, spec, origin in calls:
             args = self.r.bind_args(raw, spec.params)
+            if spec.bias not in args and _unpacks(raw.call):
+                continue  # `nn.Conv2d(..., **kwargs)`: the bias may be in there (OpenPCDet)
             layer = BiasedLayer(spec.framework, call_info(self.text, raw.call), args.get(spec.bias),
                                 args.get(spec.activation) if spec.activation else None, spec.bias,
-                                origin)
+                                origin, spec.functional)
             layers[id(raw.call)] = layer
             target = _assigned(raw.stmt, raw.call)
             if target is not None:
@@ -481,16 +483,22 @@ class TorchContext:
                         pairs.append(BiasBeforeBN(layer, bn, "sequential"))
 
         def applied(node: ast.expr, ctx: Ctx, table: dict, calls: dict) -> object | None:
-            """The layer / BN that `node` applies: `self.conv(x)` or `Conv2D(8, 3)(x)`."""
+            """The layer / BN that `node` applies: `self.conv(x)` or `Conv2D(8, 3)(x)`, or a
+            function of the TF1 API applied to its input (`tf.layers.conv2d(x, 8, 3)`)."""
             if not isinstance(node, ast.Call):
                 return None
+            found = calls.get(id(node))
+            if isinstance(found, BiasedLayer) and found.functional or \
+                    isinstance(found, BNSite) and found.api.kind == "function":
+                return found
             if isinstance(node.func, ast.Call):
                 return calls.get(id(node.func))
             return table.get(self._scoped(self._text(node.func), ctx))
 
         helpers = self._normalizing_helpers(
             lambda node: applied(node, Ctx(), bn_targets, bn_calls))
-        for raw in self.w.local_calls + self.w.attr_calls:
+        functional = [raw for raw, spec in self.w.bn_raw if spec.kind == "function"]
+        for raw in self.w.local_calls + self.w.attr_calls + functional:
             site = applied(raw.call, raw.ctx, bn_targets, bn_calls)
             if site is None and isinstance(raw.call.func, ast.Name):
                 site = helpers.get(raw.call.func.id)  # `_bn_relu(conv)`
@@ -617,16 +625,17 @@ class TorchContext:
 
     def _previous_assignment(self, raw: RawCall,
                              bn_step: Callable[[ast.stmt], bool]) -> ast.expr | None:
-        """`x = self.conv(x)` before `x = self.bn(x)` (or `return self.bn(x)`) in the same
-        block: the value last
+        """`x = self.conv(x)` before `x = self.bn(x)` (or `return self.bn(x)`, or the BN call
+        inside the statement: `lrelu(tf.layers.batch_normalization(x))`) in the same block: the
+        value last
         assigned to the name this call takes. Statements between that do not assign the name
         (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
         anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
         when the other branch starts with a BN too (`bn_step`: `if sync: x = SyncBN()(x)
         else: x = BN()(x)`); with one branch only, the bias survives on the other path."""
         stmt, call = raw.stmt, raw.call
-        if not (isinstance(stmt, (ast.Assign, ast.Return)) and stmt.value is call and
-                call.args and isinstance(call.args[0], ast.Name)):
+        if not (isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) and call.args and
+                isinstance(call.args[0], ast.Name)) or _conditional(stmt, call):
             return None
         name = call.args[0].id
         while True:
@@ -753,3 +762,25 @@ def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:
     return None
 
 
+def _unpacks(call: ast.Call) -> bool:
+    """`*args` or `**kwargs` at the call: arguments not known one by one."""
+    return any(isinstance(a, ast.Starred) for a in call.args) or \
+        any(k.arg is None for k in call.keywords)
+
+
+def _conditional(stmt: ast.stmt, call: ast.Call) -> bool:
+    """`call` runs only on some paths of `stmt`: in a branch of a conditional expression
+    (`self.bn(x) if self.with_bn else x`), after `and`/`or`, or in a lambda or comprehension."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.IfExp):
+            parts: list[ast.AST] = [node.body, node.orelse]
+        elif isinstance(node, ast.BoolOp):
+            parts = node.values[1:]
+        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                               ast.GeneratorExp)):
+            parts = [node]
+        else:
+            continue
+        if any(call is inner for part in parts for inner in ast.walk(part)):
+            return True
+    return False
