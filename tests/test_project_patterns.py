@@ -581,3 +581,30 @@ def test_a_conv_wrapper_without_bn_words_is_summarised_for_the_bn_next_to_it_als
     assert found() == set()
     wrapper.write_text(SAME_PADDING)
     assert found() == bug
+
+
+def test_a_readme_that_loads_released_weights_makes_bn104_display_only(tmp_path: Path,
+                                                                        monkeypatch):
+    """rexnet: the model files load nothing, the README shows
+    `model.load_state_dict(torch.load('./rexnetv1_1.0.pth'))`. Dropping the bias would break
+    loading those checkpoints: the fix is display-only and cites the README; editing the README
+    re-checks the files (the cache key holds the README's weight loads)."""
+    readme = ("# ReXNet\n\n```python\nmodel = rexnetv1.ReXNetV1(width_mult=1.0)\n"
+              "model.load_state_dict(torch.load('./rexnetv1_1.0.pth'))\n```\n")
+    write_tree(tmp_path, {
+        "pyproject.toml": "[tool.bnfix]\n", "README.md": readme,
+        "rexnetv1.py": ("import torch.nn as nn\n\n\n"
+                        "def se(c):\n    return nn.Sequential(nn.Conv2d(c, c, 1), nn.BatchNorm2d(c))\n")})
+    monkeypatch.chdir(tmp_path)
+
+    def fix() -> Applicability:
+        [finding] = check_paths([tmp_path], select=["BN104"], cache=True).remaining
+        return finding.fix.applicability
+
+    assert fix() is Applicability.DISPLAY_ONLY
+    [finding] = check_paths([tmp_path], select=["BN104"], cache=True).remaining
+    assert "README.md:5" in finding.fix.message
+    (tmp_path / "README.md").write_text("# ReXNet\n\nTrain it yourself.\n")
+    assert fix() is Applicability.UNSAFE
+    (tmp_path / "README.md").write_text(readme)
+    assert fix() is Applicability.DISPLAY_ONLY

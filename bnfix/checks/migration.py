@@ -221,6 +221,9 @@ def _applicability(site: BNSite, migration: Migration) -> Applicability:
 # ---------------------------------------------------------------------------------------------
 # BN008 momentum-convention
 
+# Momenta strictly between this and 1 - this are plausible in both conventions: not reported
+AMBIGUOUS = 0.2
+
 TORCH_MESSAGE = (
     "`{callee}({name}={text})`: PyTorch's momentum is the weight of the new batch "
     "(running = (1 - m) * running + m * batch, default 0.1); {value:g} is TensorFlow's convention, "
@@ -253,10 +256,12 @@ def momentum_convention(module: ModuleIR) -> Iterator[Finding]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not 0 < value < 1 or literal.span is None:
                 continue
-            # 0.5 reads the same in both conventions (and 1 - 0.5 would change nothing)
-            if convention == "torch" and value > 0.5:
+            # the other convention's values are far from 0.5 (0.9-0.999 against 0.1-0.001);
+            # a value near it reads as meant in either (Tensorflow-Tutorial's deliberate
+            # `momentum=0.4`, "the default 0.99 is too high in this case")
+            if convention == "torch" and value >= 1 - AMBIGUOUS:
                 template = TORCH_MESSAGE
-            elif convention == "tf" and value < 0.5:
+            elif convention == "tf" and value <= AMBIGUOUS:
                 template = TF_MESSAGE
             else:
                 continue

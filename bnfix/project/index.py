@@ -101,6 +101,8 @@ class ProjectIndex:
         self._facts_busy: set[tuple[str, str, Receiver | None]] = set()
         self._marks: dict[str, list[tuple[str, Loc, str | None]]] | None = None
         self._marked: set[str] = set()
+        # weight loads the project's README shows (readme.py): `loads_weights` marks too
+        self.documented: tuple[tuple[str, Loc], ...] = ()
         self._apis: set[str] | None = None
         self.gave_up: list[str] = []  # where resolution stopped (cycles, depth)
         # what the project view derives from the index, by the view's key (the index does not
@@ -533,6 +535,9 @@ class ProjectIndex:
                     self._marks.setdefault(kind, []).append((path, lc, function))
                     self._marked.add(path)
                 self._apis.update(apis)
+            for path, lc in self.documented:
+                self._marks.setdefault("loads_weights", []).append((path, lc, None))
+                self._marked.add(path)
             for places in self._marks.values():  # in file order, whatever order the
                 places.sort(key=lambda place: (place[0], place[1]))  # summaries came in
             self._marks = dict(sorted(self._marks.items()))

@@ -34,6 +34,7 @@ from bnfix.project.graph import (
     reverse,
 )
 from bnfix.project.modules import ModuleMap, ModuleRef
+from bnfix.project.readme import documented_loads
 from bnfix.project.store import (
     SummaryStore,
     added_functions,
@@ -131,6 +132,9 @@ class ProjectRunner:
         # the index of the store as it is (built on first need, dropped when summaries are
         # added: the name search's and the checking step's are one when none came between)
         self._index: ProjectIndex | None = None
+        # the README's weight loads (readme.py) and a digest of the README files read
+        self._readme = ""
+        self._documented: tuple[tuple[str, tuple[int, int, int, int]], ...] = ()
         # `added_functions` of a module's cached and new summary texts (the name search and
         # the checking step both ask; each parses the two texts)
         self._added: dict[str, tuple[str, str, list[str] | None]] = {}
@@ -184,6 +188,10 @@ class ProjectRunner:
             root: Path) -> Iterator[FileResult]:
         modules = ModuleMap.build([*scope, *(p for p, _ in reported)], root)
         self._modules = modules
+        restores = self.engine.book.catalogue.training.get("restores", {})
+        self._readme, self._documented = documented_loads(
+            root, tuple(restores.get("weight_methods", ())),
+            tuple(restores.get("weight_functions", ())))
         plans = self._plans(reported, scope, modules)
         scope_digest = hashlib.sha256("\n".join(
             f"{p.ref.module_id}:{p.absolute}" for p in plans).encode()).hexdigest()[:20]
@@ -361,6 +369,7 @@ class ProjectRunner:
 
             assert self._modules is not None
             self._index = ProjectIndex(self.store, self._modules)
+            self._index.documented = self._documented
         return self._index
 
     def _known_edges(self, plans: list[Plan], index: ProjectIndex) -> dict[str, list[str]] | None:
@@ -643,10 +652,10 @@ class ProjectRunner:
             yield self._store(plan, result, consulted, context(plan)[1])
 
     def _project_facts(self) -> str:
-        """A digest of what every file's check reads of every module (marks and BN APIs): a
-        `load_state_dict` added anywhere changes a BN104 fix in a file that imports nothing of
-        it, so it is part of every file's cached-findings key."""
-        parts = []
+        """A digest of what every file's check reads of every module (marks and BN APIs) and
+        of the README's weight loads: a `load_state_dict` added anywhere changes a BN104 fix in
+        a file that imports nothing of it, so it is part of every file's cached-findings key."""
+        parts = [f"README={self._readme}"] if self._documented else []
         for module in sorted(self.store):
             found = self._outlines.get(module)
             if found is None:

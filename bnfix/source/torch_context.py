@@ -122,6 +122,9 @@ class TorchContext:
         if raw.kind == "eval" and not call.args and not call.keywords:
             kind = "eval"
         elif raw.kind == "train":
+            if len(call.args) > 1 or any(k.arg != "mode" for k in call.keywords) or \
+                    (call.args and call.keywords):
+                return None  # not Module.train(mode): a logger's `log.train(len_dataset=n)`
             flag = call.args[0] if call.args else next(
                 (k.value for k in call.keywords if k.arg == "mode"), None)
             if flag is None or (isinstance(flag, ast.Constant) and flag.value is True):

@@ -1,0 +1,49 @@
+"""Trained weights a project's README tells its users to load.
+
+A model file with no loading code of its own may still ship checkpoints: the README shows
+`model.load_state_dict(torch.load('./rexnetv1_1.0.pth'))`. Such a call is evidence that
+released weights hold the model's parameters as they are, exactly as the same line in a `.py`
+file is (a `loads_weights` mark: BN104's fix, which drops a bias, is then display-only). Only
+the README files at the project's root are read, as text: nothing is run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a warm run reads the README too, and must not import the analysis
+    from bnfix.project.summary import Loc
+
+NAMES = ("README.md", "README.rst", "README.txt", "README", "readme.md", "Readme.md")
+MAX_BYTES = 512 * 1024  # a README larger than this is not read
+
+
+def documented_loads(root: Path, methods: tuple[str, ...], functions: tuple[str, ...]
+                     ) -> tuple[str, tuple[tuple[str, Loc], ...]]:
+    """The digest of the README files read, and where they call a weight-loading method
+    (`.load_state_dict(`) or function (`torch.hub.load(`, by its last two names)."""
+    words = [rf"\.{re.escape(m)}\(" for m in methods]
+    words += [rf"\b{re.escape('.'.join(f.split('.')[-2:]))}\(" for f in functions]
+    if not words:
+        return "", ()
+    pattern = re.compile("|".join(words))
+    found: list[tuple[str, Loc]] = []
+    digest = hashlib.sha256()
+    for name in NAMES:
+        path = root / name
+        try:
+            if not path.is_file() or path.stat().st_size > MAX_BYTES:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        digest.update(f"{name}\0{text}\0".encode())
+        for row, line in enumerate(text.splitlines(), 1):
+            match = pattern.search(line)
+            if match is not None:
+                start = match.start() + (1 if match.group().startswith(".") else 0)
+                found.append((str(path), (row, start, row, match.end() - 1)))
+    return digest.hexdigest()[:20], tuple(found)
