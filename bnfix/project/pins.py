@@ -45,6 +45,17 @@ def nearest_pin(folder: Path, root: Path, cache: dict[Path, tuple[int, ...] | No
     return found
 
 
+def small_text(path: Path, limit: int) -> str | None:
+    """A project file's text (a pin file, a README), or None when it is absent, unreadable,
+    or larger than `limit` bytes (such a file is not what is looked for)."""
+    try:
+        if not path.is_file() or path.stat().st_size > limit:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def tensorflow_pin(root: Path, unversioned: bool = False) -> tuple[int, ...] | None:
     """The version the pins name: an exact or compatible-release pin, else (1, 15) for an
     upper bound below 2 (TF1 code); a lower bound alone pins nothing (any newer release may
@@ -54,11 +65,8 @@ def tensorflow_pin(root: Path, unversioned: bool = False) -> tuple[int, ...] | N
     named = False
     for pattern in FILES:
         for path in sorted(root.glob(pattern)):
-            try:
-                if not path.is_file() or path.stat().st_size > MAX_BYTES:
-                    continue
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
+            text = small_text(path, MAX_BYTES)
+            if text is None:
                 continue
             for match in _SPEC.finditer(text):
                 found.extend((op, _version(v)) for op, v in _PART.findall(match["spec"]))

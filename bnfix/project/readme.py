@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bnfix.project.pins import small_text
+
 if TYPE_CHECKING:  # a warm run reads the README too, and must not import the analysis
     from bnfix.project.summary import Loc
 
@@ -34,11 +36,8 @@ def documented_loads(root: Path, methods: tuple[str, ...], functions: tuple[str,
     digest = hashlib.sha256()
     for name in NAMES:
         path = root / name
-        try:
-            if not path.is_file() or path.stat().st_size > MAX_BYTES:
-                continue
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        text = small_text(path, MAX_BYTES)
+        if text is None:
             continue
         digest.update(f"{name}\0{text}\0".encode())
         for row, line in enumerate(text.splitlines(), 1):
