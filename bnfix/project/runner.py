@@ -280,8 +280,8 @@ class ProjectRunner:
         BN, BN104) is known only from its module's summary. The callers read are the modules
         summarised in this run (a cached one's callees were summarised when it was, and stay
         so: a file without BN words that had a summary is summarised again when it changes).
-        One level:
-        what those modules call is not followed (a wrapper is recognised within its own file)."""
+        One level: what those modules call is not followed (a wrapper is recognised within its
+        own file)."""
         assert self._modules is not None
         wanted: dict[str, Plan] = {}
         for plan in plans:

@@ -391,10 +391,10 @@ class Summarizer:
         return out
 
 
-
 def layer_fact(spec: LayerSpec) -> str:
     """A class taken as a biased layer, as a class fact: what BN104 needs at a call of it."""
-    return ":".join(("layer", spec.framework, spec.bias, spec.activation or "", ",".join(spec.params)))
+    return ":".join(("layer", spec.framework, spec.bias, spec.activation or "",
+                     ",".join(spec.params)))
 
 
 def layer_of(fact: str) -> LayerSpec | None:

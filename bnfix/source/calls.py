@@ -52,3 +52,9 @@ def _aligned_rows(text: SourceText, call: ast.Call, span: Span) -> tuple[int, ..
 
 def _strip_comments(text: str) -> str:
     return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+
+
+def unpacks(call: ast.Call) -> bool:
+    """`*args` or `**kwargs` at the call: arguments not known one by one."""
+    return any(isinstance(a, ast.Starred) for a in call.args) or \
+        any(k.arg is None for k in call.keywords)

@@ -65,9 +65,7 @@ class ImportTable:
             for alias in node.names:
                 local = alias.asname or alias.name
                 self._names.pop(local, None)
-                seen = self.targets.setdefault(local, [])
-                if written + alias.name not in seen:
-                    seen.append(written + alias.name)
+                self._note(local, written + alias.name)
             return
         for alias in node.names:
             if alias.name == "*":
@@ -81,6 +79,9 @@ class ImportTable:
 
     def _set(self, local: str, target: str) -> None:
         self._names[local] = target
+        self._note(local, target)
+
+    def _note(self, local: str, target: str) -> None:
         seen = self.targets.setdefault(local, [])
         if target not in seen:
             seen.append(target)

@@ -45,7 +45,7 @@ from bnfix.ir import (
     negate,
 )
 from bnfix.rulebook import ApiRef, ApiSpec, LayerSpec
-from bnfix.source.calls import call_info
+from bnfix.source.calls import call_info, unpacks
 from bnfix.source.subclasses import Alias, bn_aliases
 from bnfix.source.torch_context import TorchContext, conditions_of
 from bnfix.source.walk import Ctx, Loop, RawCall, Walker, Zip, binding, fkey
@@ -589,7 +589,7 @@ class Resolver:
         for name, arg in self._scope_defaults(raw, spec).items():
             args.setdefault(name, arg)
         qual = self.w.cat.normalize(raw.written)
-        unpacked = _unpacks(raw.call) or (own_init and bool(raw.call.args))
+        unpacked = unpacks(raw.call) or (own_init and bool(raw.call.args))
         site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
                       unpacked=unpacked, written=raw.written,
                       conditions=conditions_of(self.text, raw, functools.partial(
@@ -1066,11 +1066,6 @@ def _is_axis_zero(expr: ast.expr) -> bool:
     return False
 
 
-def _unpacks(call: ast.Call) -> bool:
-    return any(isinstance(a, ast.Starred) for a in call.args) or \
-        any(k.arg is None for k in call.keywords)
-
-
 def _stringy(expr: ast.expr) -> bool:
     """An expression that builds a string: an f-string, `'%s' % x`, `'a' + x`, `'{}'.format()`."""
     if isinstance(expr, ast.JoinedStr):
@@ -1081,7 +1076,6 @@ def _stringy(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
         expr.func.attr == "format" and isinstance(expr.func.value, ast.Constant) and \
         isinstance(expr.func.value.value, str)
-
 
 
 def _update_ops_marks(module: ModuleIR) -> list[Mark]:

@@ -63,17 +63,17 @@ def _alias(node: ast.ClassDef, by_name: dict[str, ast.ClassDef], imports: Import
         if spec is None or spec.kind not in CLASS_KINDS:
             return None
         alias = Alias(spec, written or "", own_init)
-    return alias if alias is not None and _reroutes_only(node) else None
+    return alias if alias is not None and reroutes_only(node) else None
 
 
-def _reroutes_only(node: ast.ClassDef) -> bool:
+def reroutes_only(node: ast.ClassDef) -> bool:
     for stmt in node.body:
-        if isinstance(stmt, ast.Pass) or _docstring(stmt):
+        if isinstance(stmt, ast.Pass) or docstring(stmt):
             continue
         if not isinstance(stmt, ast.FunctionDef) or stmt.decorator_list:
             return False
         if stmt.name == "__init__":
-            if not any(_super_call(n, "__init__") for n in ast.walk(stmt)):
+            if not any(super_call(n, "__init__") for n in ast.walk(stmt)):
                 return False
         elif stmt.name in FORWARDS:
             if not _forwards(stmt):
@@ -85,9 +85,9 @@ def _reroutes_only(node: ast.ClassDef) -> bool:
 
 def _forwards(method: ast.FunctionDef) -> bool:
     """Only assigns its parameters, then returns the base's method of the same name."""
-    body = [s for s in method.body if not _docstring(s)]
+    body = [s for s in method.body if not docstring(s)]
     if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None or \
-            not _super_call(body[-1].value, method.name):
+            not super_call(body[-1].value, method.name):
         return False
     params = {a.arg for a in (*method.args.posonlyargs, *method.args.args,
                               *method.args.kwonlyargs)}
@@ -102,16 +102,16 @@ def _assigns_params(stmt: ast.stmt, params: set[str]) -> bool:
     return False
 
 
-def _super_call(node: ast.AST, name: str) -> bool:
+def super_call(node: ast.AST, name: str) -> bool:
     """`super().name(...)`, `super(Cls, self).name(...)`, `super(self.__class__, self)...`."""
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
         node.func.attr == name and isinstance(node.func.value, ast.Call) and \
         isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "super"
 
 
-def _docstring(stmt: ast.stmt) -> bool:
+def docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and \
         isinstance(stmt.value.value, str)
 
 
-__all__ = ["Alias", "bn_aliases"]
+__all__ = ["Alias", "bn_aliases", "docstring", "reroutes_only", "super_call"]

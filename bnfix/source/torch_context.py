@@ -29,7 +29,8 @@ from bnfix.ir import (
     ShadowedMethod,
     is_const,
 )
-from bnfix.source.calls import call_info
+from bnfix.source.calls import call_info, unpacks
+from bnfix.source.subclasses import docstring
 from bnfix.source.text import SourceText
 from bnfix.source.walk import Ctx, RawCall, fkey
 
@@ -457,7 +458,7 @@ class TorchContext:
         calls = [(raw, spec, None) for raw, spec in self.w.layer_raw] + list(foreign)
         for raw, spec, origin in calls:
             args = self.r.bind_args(raw, spec.params)
-            if spec.bias not in args and _unpacks(raw.call):
+            if spec.bias not in args and unpacks(raw.call):
                 continue  # `nn.Conv2d(..., **kwargs)`: the bias may be in there (OpenPCDet)
             layer = BiasedLayer(spec.framework, call_info(self.text, raw.call), args.get(spec.bias),
                                 args.get(spec.activation) if spec.activation else None, spec.bias,
@@ -535,8 +536,7 @@ class TorchContext:
         for node in self.w.tree.body:
             if not isinstance(node, ast.FunctionDef) or not node.args.args:
                 continue
-            body = [s for s in node.body if not (isinstance(s, ast.Expr) and
-                                                 isinstance(s.value, ast.Constant))]
+            body = [s for s in node.body if not docstring(s)]
             first = body[0] if body else None
             value = first.value if isinstance(first, (ast.Assign, ast.Return)) else None
             if not (isinstance(value, ast.Call) and len(value.args) == 1 and
@@ -630,8 +630,7 @@ class TorchContext:
                              bn_step: Callable[[ast.stmt], bool]) -> ast.expr | None:
         """`x = self.conv(x)` before `x = self.bn(x)` (or `return self.bn(x)`, or the BN call
         inside the statement: `lrelu(tf.layers.batch_normalization(x))`) in the same block: the
-        value last
-        assigned to the name this call takes. Statements between that do not assign the name
+        value last assigned to the name this call takes. Statements between that do not assign the name
         (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
         anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
         when the other branch starts with a BN too (`bn_step`: `if sync: x = SyncBN()(x)
@@ -763,12 +762,6 @@ def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:
                 target.value.id == "self":
             return f"self.{target.attr}"
     return None
-
-
-def _unpacks(call: ast.Call) -> bool:
-    """`*args` or `**kwargs` at the call: arguments not known one by one."""
-    return any(isinstance(a, ast.Starred) for a in call.args) or \
-        any(k.arg is None for k in call.keywords)
 
 
 def _conditional(stmt: ast.stmt, call: ast.Call) -> bool:

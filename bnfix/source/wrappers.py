@@ -16,7 +16,7 @@ import ast
 
 from bnfix.rulebook import Catalogue, LayerSpec
 from bnfix.source.imports import ImportTable
-from bnfix.source.subclasses import FORWARDS, _docstring, _reroutes_only, _super_call
+from bnfix.source.subclasses import FORWARDS, docstring, reroutes_only, super_call
 
 
 def layer_aliases(classes: list[ast.ClassDef], imports: ImportTable,
@@ -46,13 +46,13 @@ def _subclassed(node: ast.ClassDef, imports: ImportTable,
     if len(node.bases) != 1 or node.keywords:
         return None
     base = _layer(node.bases[0], imports, catalogue)
-    if base is None or not _reroutes_only(node):
+    if base is None or not reroutes_only(node):
         return None
     init = _method(node, ("__init__",))
     if init is None:
         return base
-    call = next((n for n in ast.walk(init) if _super_call(n, "__init__")), None)
-    assert isinstance(call, ast.Call)  # _reroutes_only: its __init__ calls the base's
+    call = next((n for n in ast.walk(init) if super_call(n, "__init__")), None)
+    assert isinstance(call, ast.Call)  # reroutes_only: its __init__ calls the base's
     return _through(init, call, base, forwards_kwargs=True)
 
 
@@ -79,7 +79,7 @@ def _self_attr(node: ast.expr) -> bool:
 
 def _returns_output_of(forward: ast.FunctionDef, attr: str) -> bool:
     """`return self.<attr>(...)`, or `x = self.<attr>(...)` right before `return x`."""
-    body = [s for s in forward.body if not _docstring(s)]
+    body = [s for s in forward.body if not docstring(s)]
     if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
         return False
     value = body[-1].value
