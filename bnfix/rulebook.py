@@ -105,6 +105,7 @@ class RuleDocs(NamedTuple):
     use_instead: str
     fix_safety: str
     references: tuple[str, ...] = ()
+    known_problems: str = ""  # where the rule is known to miss or over-report
 
 
 class Rule(NamedTuple):
@@ -152,6 +153,8 @@ class Rule(NamedTuple):
             "## Why is this bad?",
             self.docs.why.strip(),
             "",
+            *(["## Known problems", self.docs.known_problems.strip(), ""]
+              if self.docs.known_problems else []),
             "## Example",
             "```python",
             self.docs.example.strip("\n"),
@@ -359,9 +362,16 @@ def _require(data: dict[str, Any], key: str, path: Path) -> Any:
     return data[key]
 
 
+DOC_KEYS = frozenset(RuleDocs._fields)
+
+
 def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) -> Rule:
     data = read(path)
     docs = _require(data, "docs", path)
+    unknown = sorted(set(docs) - DOC_KEYS)
+    if unknown:
+        raise RuleBookError(f"{path}: unknown key `docs.{unknown[0]}` (known: "
+                            f"{', '.join(sorted(DOC_KEYS))})")
     fix = _require(data, "fix", path)
     if fix not in FIX_KINDS:
         raise RuleBookError(f"{path}: fix must be one of {FIX_KINDS}, not `{fix}`")
@@ -412,6 +422,7 @@ def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) 
             use_instead=_require(docs, "use_instead", path),
             fix_safety=_require(docs, "fix_safety", path),
             references=tuple(docs.get("references", ())),
+            known_problems=docs.get("known_problems", ""),
         ),
         examples=tuple(examples),
         path=path,

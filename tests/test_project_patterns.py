@@ -608,3 +608,20 @@ def test_a_readme_that_loads_released_weights_makes_bn104_display_only(tmp_path:
     assert fix() is Applicability.UNSAFE
     (tmp_path / "README.md").write_text(readme)
     assert fix() is Applicability.DISPLAY_ONLY
+
+
+def test_a_function_handed_to_a_helper_runs_where_the_helper_is_called(tmp_path: Path):
+    """slim's train_image_classifier: the model is built in a `clone_fn` that
+    `model_deploy.create_clones` calls back. The callback runs with its defaults, so the BN it
+    builds trains frozen (BN001); the helper's call is not the callback's call, so the fix names
+    the place and edits nothing there."""
+    write_tree(tmp_path, {"train.py": (
+        TF1 + "\n\ndef block(x, training=True, trainable=False):\n"
+        "    return tf.layers.batch_normalization(x, training=training, trainable=trainable)\n"
+        "\n\ndef evaluate(x):\n    return block(x, False)\n"
+        "\n\ndef build(make, x):\n    return make(x)\n"
+        "\n\ndef train(x):\n    return build(block, x)\n")})
+    [finding] = check_paths([tmp_path], select=["BN001"]).remaining
+    assert "at the call on line 17" in finding.message
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert finding.fix.message == "Pass `trainable=True` where this BN trains (on line 17)"

@@ -110,6 +110,21 @@ def test_a_typo_in_a_catalogue_table_name_is_an_error(tmp_path: Path):
         load_rulebook(root)
 
 
+def test_a_typo_in_a_rule_docs_key_is_an_error_and_known_problems_are_printed(tmp_path: Path):
+    import shutil
+
+    from bnfix.rulebook import rules_root
+
+    assert "## Known problems\nWhen the model is built by code the analysis cannot follow" in \
+        load_rulebook().rules["BN004"].markdown()
+    root = tmp_path / "rules"
+    shutil.copytree(rules_root(), root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    rule = root / "BN004.toml"
+    rule.write_text(rule.read_text().replace("known_problems = ", "known_problem = ", 1))
+    with pytest.raises(RuleBookError, match="BN004.toml: unknown key `docs.known_problem`"):
+        load_rulebook(root)
+
+
 def test_the_parsed_rule_book_is_kept_in_the_cache_folder_and_checked_at_every_load(
         tmp_path: Path, monkeypatch):
     """With a cache folder the rule files' parse is kept as JSON (named by a digest of the

@@ -186,7 +186,9 @@ def _bn001_fix(site: BNSite, bad: list[_Context], frozen: list[_Context]) -> Fix
         edits = []
         for c in bad:
             call_site = c.binding.innermost_site
-            if call_site is None or raw.name in call_site.args or call_site.where:
+            # (a callback's site is the helper's call, which does not call it with this name)
+            if call_site is None or raw.name in call_site.args or call_site.where or \
+                    "callback" in call_site.tags:
                 places = ", ".join(sorted({_call_place(c.binding.innermost_site) for c in bad
                                            if c.binding.innermost_site is not None}))
                 return Fix(DISPLAY, f"Pass `{raw.name}=True` where this BN trains ({places})", ())

@@ -309,9 +309,44 @@ class Resolver:
                     function.call_sites.append(self._call_site(function, raw, skip))
                     if raw.ctx.function is not None:
                         callers.add(id(raw.ctx.function))
+            for name, raw in self.w.callback_refs:
+                function = self._callback(name, raw)
+                key = (id(name), id(function))
+                if function is None or id(function) not in needed or key in done:
+                    continue
+                done.add(key)
+                function.call_sites.append(self._callback_site(function, name, raw))
+                if raw.ctx.function is not None:
+                    callers.add(id(raw.ctx.function))
             if callers <= needed:
                 break
             needed |= callers
+
+    def _callback(self, name: ast.Name, raw: RawCall) -> FunctionInfo | None:
+        """The module's function that `name`, passed as an argument of `raw`, stands for: one
+        defined at the top level or nested in the calling function (or a function around it),
+        unless the caller has a parameter of that name."""
+        caller = raw.ctx.function
+        if caller is not None and name.id in caller.params:
+            return None
+        scopes = caller.qualname.split(".<locals>.") if caller is not None else []
+        visible = {name.id, *(".<locals>.".join([*scopes[:i], name.id])
+                              for i in range(1, len(scopes) + 1))}
+        found = [f for f in self._by_name.get((None, name.id), ()) if f.qualname in visible]
+        return max(found, key=lambda f: f.qualname.count("<locals>")) if found else None
+
+    def _callback_site(self, function: FunctionInfo, name: ast.Name, raw: RawCall) -> CallSite:
+        """A function handed to a helper (`create_clones(cfg, clone_fn, [batch])`,
+        `mp.spawn(main_worker, ...)`) runs where the helper is called: a call site of it, which
+        passes what the helper passes (unknown) for each parameter without a default and
+        leaves the defaults (a helper calls back with the arguments a callback needs). Tagged
+        `callback`: nothing edits the helper's call for it."""
+        callee = call_info(self.text, raw.call).callee
+        args: dict[str, Value] = {
+            p.name: Unknown(f"what `{callee}` passes", None)
+            for p in function.params.values() if p.default is None}
+        return CallSite(self.text.span(name), args, call_info(self.text, raw.call), raw.ctx.function,
+                        tags=(*self.call_tags(raw), "callback"))
 
     @functools.cached_property
     def _by_name(self) -> dict[tuple[str | None, str], list[FunctionInfo]]:

@@ -176,6 +176,9 @@ class Walker:
         self.run_raw: list[RawCall] = []
         self.apply_raw: list[RawCall] = []
         self.local_calls: list[RawCall] = []
+        # names passed as arguments (`create_clones(cfg, clone_fn)`): a function of the module
+        # handed to a helper that calls it back
+        self.callback_refs: list[tuple[ast.Name, RawCall]] = []
         # `super().m(...)` and fluent `self.a(...).m(...)`: methods of the instance reached
         # through a call, and each one's `self_chain` (by the call's id)
         self.chained_calls: list[RawCall] = []
@@ -667,6 +670,9 @@ class Walker:
         raw = RawCall(call, ctx, stmt, parents)
         if call.keywords:
             self._keyword_marks(call, ctx, stmt)
+        for arg in (*call.args, *(k.value for k in call.keywords)):
+            if type(arg) is ast.Name:
+                self.callback_refs.append((arg, raw))
         if qual is not None:
             if qual in self.vocab.weight_functions:
                 self.marks.append(("loads_weights", call, ctx))
