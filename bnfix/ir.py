@@ -594,6 +594,7 @@ class BiasBeforeBN:
     layer: BiasedLayer
     bn: BNSite
     how: str  # sequential | nested | consecutive
+    unnormalized: Span | None = None  # where the same layer is also used without a BN after it
 
 
 class LibraryModel(NamedTuple):

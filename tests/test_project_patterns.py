@@ -625,3 +625,24 @@ def test_a_function_handed_to_a_helper_runs_where_the_helper_is_called(tmp_path:
     assert "at the call on line 17" in finding.message
     assert finding.fix.applicability is Applicability.DISPLAY_ONLY
     assert finding.fix.message == "Pass `trainable=True` where this BN trains (on line 17)"
+
+
+def test_bn104_does_not_drop_the_bias_of_a_conv_also_chained_without_a_bn(tmp_path: Path):
+    """bearpaw's VGG: `conv2d` goes before a BN when `batch_norm`, and straight into a ReLU
+    otherwise; `bias=False` would also strip the plain VGG's biases. With a BN on both paths
+    the fix edits the conv."""
+    make = ("import torch.nn as nn\n\n\ndef make_layers(cfg, batch_norm=False):\n"
+            "    layers = []\n    for v in cfg:\n"
+            "        conv2d = nn.Conv2d(3, v, kernel_size=3, padding=1)\n"
+            "        if batch_norm:\n"
+            "            layers += [conv2d, nn.BatchNorm2d(v), nn.ReLU(inplace=True)]\n"
+            "        else:\n"
+            "            layers += [conv2d, nn.ReLU(inplace=True)]\n"
+            "    return nn.Sequential(*layers)\n")
+    write_tree(tmp_path, {"vgg.py": make})
+    [finding] = check_paths([tmp_path], select=["BN104"]).remaining
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "also used without one (line 11)" in finding.fix.message
+    (tmp_path / "vgg.py").write_text(make.replace("[conv2d, nn.ReLU", "[conv2d, nn.BatchNorm2d(v), nn.ReLU"))
+    [finding] = check_paths([tmp_path], select=["BN104"]).remaining
+    assert finding.fix.applicability is Applicability.UNSAFE

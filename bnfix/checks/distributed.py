@@ -85,10 +85,14 @@ def _towers(module: ModuleIR) -> Iterator[Finding]:
 
 
 def _tower_fix(module: ModuleIR, tower: TowerLoop, sites: list[BNSite]) -> Fix:
-    unsupported = sorted({s.call.callee for s in sites if s.api.synced_counterpart != SYNC_TOWERS})
+    unsupported = [s for s in sites if s.api.synced_counterpart != SYNC_TOWERS]
     if unsupported:
-        return Fix(DISPLAY, f"Synchronize BN across towers ({', '.join(unsupported)} has no "
-                            f"cross-tower form in `{SYNC_TOWERS}`: migrate it first, see BN007)")
+        names = ", ".join(sorted({f"`{s.qualname}`" for s in unsupported}))
+        how = "migrate it first, see BN007" if any(s.api.migration for s in unsupported) else \
+            "all-reduce its batch mean and variance across the towers, or build it with " \
+            "`tf.compat.v1.layers.batch_normalization`"
+        return Fix(DISPLAY, f"Synchronize BN across towers ({names} has no cross-tower form "
+                            f"in `{SYNC_TOWERS}`: {how})")
     statement = tower.statement
     if tower.count is None or statement is None or not statement.wrappable:
         return Fix(DISPLAY, f"Wrap the tower loop in `with {SYNC_TOWERS}(<number of towers>):`")

@@ -561,6 +561,12 @@ def _bn_in_use(module: ModuleIR, user: FunctionInfo | None) -> bool:
         any("builds_bn" in s.facts for s in _graph_callers(user))
 
 
+def _callers_polluted(user: FunctionInfo | None) -> list[CallSite]:
+    """Calls of `user` (or its callers) from other files whose graph holds a BN that puts its
+    moving statistics in TRAINABLE_VARIABLES."""
+    return [s for s in _graph_callers(user) if "registers:TRAINABLE_VARIABLES" in s.facts]
+
+
 @check("BN004")
 def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
     polluted = [s for s in module.all_bn_sites()
@@ -582,17 +588,23 @@ def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
             )
             yield Finding("BN004", apply.call.span, message, _bn004_fix(module, var_list),
                           _restore_related(module))
-        elif polluted and "trainable" in var_list.tags:
-            first = polluted[0]
-            where = f"line {first.span.start.row}" if first.origin is None else \
-                first.origin.describe()
+        elif "trainable" in var_list.tags and (polluted or _callers_polluted(apply.function)):
+            if polluted:
+                first = polluted[0]
+                where = f"line {first.span.start.row}" if first.origin is None else \
+                    first.origin.describe()
+                related = tuple(_origin_related(first))
+            else:  # an EMA helper: the BN is in the graph its caller builds
+                call = _callers_polluted(apply.function)[0]
+                where = f"in the graph its caller builds {_call_place(call)}"
+                related = (_call_related(call, "builds that graph"),)
             message = (
                 f"`{apply.call.callee}(...)` averages trainable variables, but a BN ({where}) "
                 "puts its moving statistics in TRAINABLE_VARIABLES (`variables_collections`): "
                 "they get a second moving average (and gradients)"
             )
             fix = Fix(DISPLAY, "Keep the moving statistics out of TRAINABLE_VARIABLES", ())
-            yield Finding("BN004", apply.call.span, message, fix, tuple(_origin_related(first)))
+            yield Finding("BN004", apply.call.span, message, fix, related)
 
 
 def _stat_holders(module: ModuleIR, var_list: VarsExpr,

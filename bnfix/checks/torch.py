@@ -21,7 +21,7 @@ from bnfix.findings import (
     shown_path,
 )
 from bnfix.ir import (
-    BiasedLayer,
+    BiasBeforeBN,
     CallSite,
     Finding,
     FreezeCall,
@@ -333,13 +333,20 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             f"(BatchNorm subtracts the per-channel mean, bias included): `{name}=False` saves the "
             "parameters and their optimizer state"
         )
+        if pair.unnormalized is not None:
+            row = pair.unnormalized.start.row
+            fix = Fix(DISPLAY, f"Drop the bias only where a BN follows: the same layer is also "
+                               f"used without one (line {row}), where its bias is not cancelled "
+                               f"(for instance `{name}=not <the switch that adds the BN>`)")
+            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
+            continue
         loads = module.marks_of("loads_weights")
         if loads:
             fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only with weights that lack it: "
                                f"the project loads trained weights (for instance at "
                                f"{loads[0].where()}); a checkpoint saved with this bias (and BN "
                                "statistics that absorbed it) would no longer load strictly")
-            yield Finding("BN104", layer.call.span, message, fix, _wrapper(layer))
+            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
             continue
         if layer.bias is not None:
             edit = Edit(layer.bias.value_span, "False")
@@ -348,12 +355,18 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
         else:
             edit = Edit(Span.at(layer.call.args_end), f", {name}=False")
         yield Finding("BN104", layer.call.span, message,
-                      Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)), _wrapper(layer))
+                      Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)), _related(pair))
 
 
-def _wrapper(layer: BiasedLayer) -> tuple[Related, ...]:
-    """The class of another file that is the biased layer (a conv wrapper), if it is one."""
-    return (layer.origin,) if layer.origin is not None else ()
+def _related(pair: BiasBeforeBN) -> tuple[Related, ...]:
+    """The classes of other files that are the biased layer (a conv wrapper) or the BN (a BN
+    subclass), where they are."""
+    out = [pair.layer.origin] if pair.layer.origin is not None else []
+    origin = pair.bn.origin
+    if origin is not None:
+        out.append(Related(origin.path, origin.span,
+                           f"`{pair.bn.call.callee}` is a `{pair.bn.qualname}`"))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,7 +147,9 @@ class Summarizer:
                      for p in function.params.values())
 
     def _build(self, site: BNSite) -> BNBuild:
-        args = {name: ref(arg.value, site.function) for name, arg in site.args.items()}
+        # `bound`, for a site of this file: the parameters a forwarding factory passes on
+        args = {name: ref(value, site.function) for name, value in site.bound.items()}
+        args.update((name, ref(arg.value, site.function)) for name, arg in site.args.items())
         return BNBuild(site.api.id, site.qualname, loc(site.span), args, site.unpacked,
                        site.opt_out)
 

@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
@@ -60,6 +61,7 @@ from bnfix.source.torch_context import (
 
 if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
+    from bnfix.source.walk import RawCall
 
 CALLER_DEPTH = 3  # levels of callers in other files attached (as deep as ir.bindings looks)
 Key = tuple[str, str]  # (module id, function qualname)
@@ -221,7 +223,13 @@ def _graph_facts(index: ProjectIndex, module: str, function: str,
     for reach in index.reach(module, function):
         facts.add("builds_bn")
         facts.update(f"registers:{key}" for key in registers.get(reach.api, ()))
+        named = reach.args.get("variables_collections")  # `[tf.GraphKeys.TRAINABLE_VARIABLES]`
+        if named is not None and named.kind == "u":
+            facts.update(f"registers:{key}" for key in GRAPH_KEY.findall(str(named.value)))
     return tuple(sorted(facts))
+
+
+GRAPH_KEY = re.compile(r"GraphKeys\.([A-Z_]+)")
 
 
 def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord,
@@ -420,6 +428,7 @@ class ProjectView:
 
     def attach(self, resolver: Resolver, module: ModuleIR) -> None:
         summarizer = Summarizer(resolver, module, self.module_id, "", self.path)
+        built: list[tuple[RawCall, BNSite]] = []  # BN classes of other files constructed here
         for raw, record in summarizer.call_records():
             for reach in self.context.reaches.get(record.loc, ()):
                 spec = self.by_id.get(reach.api)
@@ -440,6 +449,9 @@ class ProjectView:
                     opt_out=reach.opt_out,
                     weights_only=resolver.weights_only(raw),
                 ))
+                info = self.context.instances.get(record.loc)
+                if info is not None and (info.path, info.loc) == (reach.path, reach.loc):
+                    built.append((raw, module.reached_sites[-1]))  # the class is the BN
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:
             foreign = self.context.calls.get((self.module_id, function.qualname), [])
@@ -454,12 +466,14 @@ class ProjectView:
         module.imported = self.context.imported
         self._attach_freezes(resolver, module, summarizer)
         self._attach_steps(resolver, module, summarizer)
-        self._attach_layers(resolver, module, summarizer)
+        self._attach_layers(resolver, module, summarizer, built)
 
-    def _attach_layers(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
-        """Calls of classes of other files that are a biased layer (a conv wrapper): BN104
-        pairs them with the BN their output goes into."""
-        if not module.bn_sites:
+    def _attach_layers(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer,
+                       built: list[tuple[RawCall, BNSite]]) -> None:
+        """Calls of classes of other files that are a biased layer (a conv wrapper) or a BN
+        (a BN subclass taken as its base: arcface-tf2's `BatchNormalization`): BN104 pairs the
+        layers with the BN their output goes into."""
+        if not module.bn_sites and not built:
             return
         foreign = []
         for raw, record in summarizer.call_records():
@@ -471,8 +485,9 @@ class ProjectView:
                 if spec is not None:
                     foreign.append((raw, spec, Related(
                         info.path, span(info.loc), f"`{info.name}` adds its layer's bias")))
-        if foreign:
-            module.bias_before_bn = TorchContext(resolver).bias_pairs(module.bn_sites, foreign)
+        if foreign or built:
+            module.bias_before_bn = TorchContext(resolver).bias_pairs(module.bn_sites, foreign,
+                                                                      built)
 
     def _attach_steps(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
         """Helpers that wrap a model, build its optimizer or convert its BN (BN103, BN006)."""

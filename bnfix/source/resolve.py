@@ -56,6 +56,10 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
                ast.Div: operator.truediv}
 
 
+_INT_OPS = {ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub,
+            ast.FloorDiv: operator.floordiv}
+
+
 class Resolver:
     def __init__(self, walker: Walker, path: str) -> None:
         self.w = walker
@@ -73,6 +77,7 @@ class Resolver:
         self._subclass_constructions()
         for function in self.w.functions:
             self._resolve_defaults(function)
+        self._forwarded = self._forwarding_factories()
         self._resolve_call_sites()
         towers = self._towers()
         module = ModuleIR(path=self.path, functions=list(self.w.functions), tower_loops=towers)
@@ -630,10 +635,50 @@ class Resolver:
                       conditions=conditions_of(self.text, raw, functools.partial(
                           self.names_used, function=raw.ctx.function)), via_class=via,
                       alternatives=self._alternatives(raw.call.func))
+        for name in self._forwarded.get(id(raw.call), ()):
+            site.bound[spec.canonical_name(name)] = FromParam(raw.ctx.function, name, None)  # type: ignore[arg-type]
         target = self._assigned_target(raw)
         if target is not None:
             self._site_targets[id(site)] = target
         return site
+
+    def _forwarding_factories(self) -> dict[int, tuple[str, ...]]:
+        """BN calls that pass on their function's own `*args` / `**kwargs` (keras-YOLOv3's
+        `def CustomBatchNormalization(*args, **kwargs): return BatchNorm(*args, **kwargs)`):
+        what the function's callers pass reaches the BN, by keyword, and by position when the
+        function has no positional parameter of its own. The BN's parameters it does not name
+        become its parameters (a caller that does not pass one leaves it unknown, as
+        `**kwargs` does); by call id, the names forwarded."""
+        out: dict[int, tuple[str, ...]] = {}
+        for raw, spec in self.w.bn_raw:
+            function = raw.ctx.function
+            if function is None:
+                continue
+            node = self.w.function_nodes[id(function)].args
+            call = raw.call
+            starred = [a.value for a in call.args if isinstance(a, ast.Starred)]
+            double = [k.value for k in call.keywords if k.arg is None]
+            if not (starred or double) or not all(
+                    isinstance(v, ast.Name) and node.vararg is not None and v.id == node.vararg.arg
+                    for v in starred) or not all(
+                    isinstance(v, ast.Name) and node.kwarg is not None and v.id == node.kwarg.arg
+                    for v in double):
+                continue
+            positional = bool(starred) and len(call.args) == 1 and not any(
+                p.positional for p in function.params.values())
+            written = {c: w for w, c in spec.canonical.items()}
+            keywords = [written.get(k, k) for k in spec.defaults if k not in spec.call_params]
+            passed = {k.arg for k in call.keywords if k.arg is not None}
+            names = [p for p in dict.fromkeys((*spec.params, *keywords))
+                     if p not in function.params and p not in passed
+                     and (double or positional and p in spec.params)]
+            for name in names:
+                index = spec.params.index(name) if positional and name in spec.params else -1
+                function.params[name] = Param(name, Unknown(f"not passed to `{function.name}`",
+                                                            None), None, index >= 0, index)
+            if names:
+                out[id(call)] = tuple(names)
+        return out
 
     def _loader_batch(self) -> int | None:
         """The batch of this file's training data loaders (shuffled, or given a sampler): the
@@ -654,6 +699,14 @@ class Resolver:
         return min(sizes, default=None)
 
     def _known_int(self, expr: ast.expr, function: FunctionInfo | None) -> int | None:
+        """An integer known statically, also through arithmetic on known integers
+        (`batch_size=args.batch_size * args.mu`: FixMatch's unlabeled loader)."""
+        if isinstance(expr, ast.BinOp) and type(expr.op) in _INT_OPS:
+            left = self._known_int(expr.left, function)
+            right = self._known_int(expr.right, function)
+            if left is None or right is None or (right == 0 and type(expr.op) is ast.FloorDiv):
+                return None
+            return _INT_OPS[type(expr.op)](left, right)
         value = self.value(expr, function)
         if not isinstance(value, Const) and isinstance(expr, ast.Attribute) and \
                 expr.attr in self.w.option_defaults:
@@ -1059,14 +1112,17 @@ class Resolver:
 
 def _mark_opt_outs(sites: list[BNSite]) -> None:
     """`if sync_bn: SyncBatchNormalization(...) else: BatchNormalization(...)`: the plain one
-    is the user's explicit choice (a flag that turns synchronization off)."""
+    is the user's explicit choice (a flag that turns synchronization off). So is a name bound
+    to a synchronized BN on one path and a plain one on another (`BatchNorm =
+    SyncBatchNormalization if <version test> else BatchNormalization`, then `BatchNorm(...)`)."""
     synced = [s for s in sites if s.api.synced or is_const(s.value("synchronized"), True)]
     for site in sites:
         if site.api.synced:
             continue
         site.opt_out = any(mine.node == theirs.node and mine.negated != theirs.negated
                            for other in synced for mine in site.conditions
-                           for theirs in other.conditions)
+                           for theirs in other.conditions) or \
+            any(ref is not None and ref.synced for _, ref in site.alternatives)
 
 
 def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:

@@ -412,9 +412,7 @@ class TorchContext:
         if not call.args:
             return None
         if raw.kind == "optimizer":
-            owner = next((n.func.value for n in ast.walk(call.args[0])
-                          if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                          and n.func.attr in ("parameters", "named_parameters")), None)
+            owner = self._parameters_of(call.args[0], raw.ctx.function)
             if owner is None:
                 return None
             target = self._text(owner)
@@ -439,6 +437,18 @@ class TorchContext:
             step.move_lines = self._rows(movable)
         return step
 
+    def _parameters_of(self, expr: ast.expr, function: FunctionInfo | None) -> ast.expr | None:
+        """The module whose parameters an optimizer is given: `model.parameters()` in its
+        argument, or in the one definition of the local it is given (FixMatch's
+        `grouped_parameters = [{'params': [p for n, p in model.named_parameters() ...]}]`)."""
+        if isinstance(expr, ast.Name):
+            defs = self.w.defs.get((fkey(function), expr.id), [])
+            if len(defs) == 1 and defs[0][0] == "assign":
+                expr = defs[0][1]
+        return next((n.func.value for n in ast.walk(expr)
+                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and n.func.attr in ("parameters", "named_parameters")), None)
+
     def _rows(self, stmt: ast.stmt) -> tuple[str, ...]:
         """A statement's rows with its own indentation removed (inner indentation kept)."""
         indent = self.text.indentation(stmt.lineno)
@@ -448,11 +458,12 @@ class TorchContext:
     # -- biased layers feeding a BN ---------------------------------------------------------
 
     def bias_pairs(self, sites: list[BNSite],
-                   foreign: Sequence[tuple[RawCall, LayerSpec, Related]] = ()
-                   ) -> list[BiasBeforeBN]:
+                   foreign: Sequence[tuple[RawCall, LayerSpec, Related]] = (),
+                   foreign_bn: Sequence[tuple[RawCall, BNSite]] = ()) -> list[BiasBeforeBN]:
         """Biased layers whose output goes straight into a BN: the file's own layer calls and
         `foreign` ones, calls of classes of other files that are a biased layer (the project
-        view knows them; the related location is the class)."""
+        view knows them; the related location is the class); the BN are the file's own and
+        `foreign_bn`, constructions of BN classes of other files."""
         layers: dict[int, BiasedLayer] = {}
         layer_targets: dict[str, BiasedLayer] = {}
         calls = [(raw, spec, None) for raw, spec in self.w.layer_raw] + list(foreign)
@@ -467,24 +478,40 @@ class TorchContext:
             target = _assigned(raw.stmt, raw.call)
             if target is not None:
                 layer_targets[self._scoped(target, raw.ctx)] = layer
-        bn_calls = {id(raw.call): site for (raw, _), site in zip(self.w.bn_raw, sites)}
+        built = [*((raw, site) for (raw, _), site in zip(self.w.bn_raw, sites)), *foreign_bn]
+        bn_calls = {id(raw.call): site for raw, site in built}
         bn_targets: dict[str, BNSite] = {}
-        for (raw, _), site in zip(self.w.bn_raw, sites):
+        for raw, site in built:
             target = _assigned(raw.stmt, raw.call)
             if target is not None:
                 bn_targets[self._scoped(target, raw.ctx)] = site
         pairs: list[BiasBeforeBN] = []
+
+        def bn_of(item: ast.expr | None, ctx: Ctx) -> BNSite | None:
+            if isinstance(item, ast.Call):
+                return bn_calls.get(id(item))
+            return bn_targets.get(self._scoped(item.id, ctx)) \
+                if isinstance(item, ast.Name) else None
+
         for raw in self.w.sequential_raw:
-            for run in self._sequence_runs(raw):
+            runs = self._sequence_runs(raw)
+            for run in runs:
                 for first, second in itertools.pairwise(run):
                     layer = layers.get(id(first)) if isinstance(first, ast.Call) else \
                         layer_targets.get(self._scoped(first.id, raw.ctx)) \
                         if isinstance(first, ast.Name) else None
-                    bn = bn_calls.get(id(second)) if isinstance(second, ast.Call) else \
-                        bn_targets.get(self._scoped(second.id, raw.ctx)) \
-                        if isinstance(second, ast.Name) else None
-                    if layer is not None and bn is not None:
-                        pairs.append(BiasBeforeBN(layer, bn, "sequential"))
+                    bn = bn_of(second, raw.ctx)
+                    if layer is None or bn is None:
+                        continue
+                    # the same module also chained without a BN after it (VGG's `make_layers`:
+                    # `[conv2d, BN, ReLU]` if batch_norm else `[conv2d, ReLU]`)
+                    alone = next((item for other in runs for item, after in
+                                  itertools.zip_longest(other, other[1:])
+                                  if isinstance(first, ast.Name) and isinstance(item, ast.Name)
+                                  and item.id == first.id and bn_of(after, raw.ctx) is None),
+                                 None)
+                    pairs.append(BiasBeforeBN(layer, bn, "sequential",
+                                              self.text.span(alone) if alone else None))
 
         def applied(node: ast.expr, ctx: Ctx, table: dict, calls: dict) -> object | None:
             """The layer / BN that `node` applies: `self.conv(x)` or `Conv2D(8, 3)(x)`, or a
