@@ -273,6 +273,10 @@ class BNSite:
     # what else its callee may be: the other targets of a name imported under a version test,
     # with their catalogue entry (None: the project's own code, or not a BN API)
     alternatives: tuple[tuple[str, ApiRef | None], ...] = ()
+    # a BN given its statistics (`tf.nn.batch_normalization(x, mean, var, ...)`) that are not
+    # its own batch's moments: computed before the loop that builds each tower (shared by all),
+    # or read from variables (the moving averages, in inference)
+    shared_stats: bool = False
 
     def ordered_args(self) -> list[Arg]:
         """The arguments in source order."""
@@ -597,6 +601,32 @@ class BiasBeforeBN:
     unnormalized: Span | None = None  # where the same layer is also used without a BN after it
 
 
+class Builder(NamedTuple):
+    """A call that builds what a name holds (`model = Net()`, `model = build()`, `model =
+    keras.Model(inputs, x)`), for the rules that need to know which BatchNorm a model holds."""
+
+    span: Span
+    function: FunctionInfo | None  # where the call is
+    # a functional Keras `Model(inputs, outputs)` in a function: the layers applied there from
+    # where `inputs` is made on are its own
+    since: Pos | None = None
+    local_class: str | None = None  # it constructs this class of the file
+
+
+@dataclass
+class TapeCall:
+    """A Keras model called without `training` inside the `tf.GradientTape` of a function that
+    applies gradients (a TF2 training step): `logits = model(x)`."""
+
+    call: CallInfo
+    receiver: str  # as written: `model`, `self.model`, `self`
+    function: FunctionInfo | None
+    builders: tuple[Builder, ...]  # what the receiver holds is built by these calls
+    owner: str | None  # `self(x)`: the model is an instance of this class of the file
+    train_row: int  # where the step applies its gradients
+    training_default: bool  # the model's class here defaults `call`'s `training` to True
+
+
 class LibraryModel(NamedTuple):
     """A library model built in this file that is known to hold plain BatchNorm layers
     (`torchvision.models.resnet50()`, `tf.keras.applications.ResNet50()`): BN the file uses
@@ -684,6 +714,7 @@ class ModuleIR:
     model_steps: list[ModelStep] = field(default_factory=list)
     device_scopes: list[DeviceScope] = field(default_factory=list)
     bn_models: list[LibraryModel] = field(default_factory=list)
+    tape_calls: list[TapeCall] = field(default_factory=list)
     api_mentions: list[ApiMention] = field(default_factory=list)  # BN APIs named, not called
     training_calls: list[TrainingCall] = field(default_factory=list)
     # the per-process batch of its training data loaders, when known (BN006 weighs it)

@@ -435,3 +435,21 @@ def test_the_note_on_modules_of_one_name_counts_the_files(tmp_path: Path):
     write_tree(tmp_path, files)
     run = run_bnfix("check", "--no-cache", ".", cwd=tmp_path)
     assert "three files are module `net`" in run.stderr, run.stderr
+
+
+def test_sibling_folders_that_are_no_package_names_keep_each_file_its_own_summary(tmp_path: Path):
+    """TensorFlow-2.x-Tutorials: `06-CIFAR-VGG/main.py` and `07-Inception/main.py` are both
+    module `main` to a script run from its folder; each is still analysed against its own
+    summary and its own folder's `model.py`."""
+    keras = "import tensorflow as tf\n"
+    write_tree(tmp_path, {
+        "exp-0/model.py": keras + "\n\ndef block(x, momentum):\n"
+                          "    return tf.keras.layers.BatchNormalization(momentum=momentum)(x)\n",
+        "exp-0/main.py": "from model import block\n\ny = block(x, 0.1)\n",
+        "exp-1/model.py": keras + "\n\ndef block(x, momentum):\n"
+                          "    return tf.keras.layers.BatchNormalization(momentum=momentum)(x)\n",
+        "exp-1/main.py": "from model import block\n\n\n\nz = block(x, 0.99)\ny = block(x, 0.1)\n",
+    })
+    found = {(Path(d.path).relative_to(tmp_path).as_posix(), d.code, d.span.start.row)
+             for d in check_paths([tmp_path], select=["BN008"]).remaining}
+    assert found == {("exp-0/main.py", "BN008", 3), ("exp-1/main.py", "BN008", 6)}

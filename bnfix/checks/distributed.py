@@ -66,7 +66,7 @@ def _towers(module: ModuleIR) -> Iterator[Finding]:
     for tower in (t for t in module.tower_loops if not t.synced):
         sites = [s for s in module.all_bn_sites()
                  if s.api.framework in ("tensorflow", "keras") and not s.api.synced
-                 and not s.opt_out
+                 and not s.opt_out and not s.shared_stats
                  and s.api.kind != "module" and reaches(s, in_loop(tower)) and training_mode(s)]
         if not sites:
             continue

@@ -1,5 +1,6 @@
-"""Keras rules: trainable=False means inference mode (BN009), and a Keras 3 BN in TF1 graph
-mode never updates its moving statistics (BN011)."""
+"""Keras rules: trainable=False means inference mode (BN009), a Keras 3 BN in TF1 graph mode
+never updates its moving statistics (BN011), and a model called without `training=True` in a
+custom training step runs its BN in inference mode (BN012)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.findings import Applicability, Edit, Fix, Span
-from bnfix.ir import BNSite, Const, Finding, ModuleIR, Related, bindings, is_const
+from bnfix.ir import (
+    BNSite,
+    Builder,
+    Const,
+    Finding,
+    LibraryModel,
+    ModuleIR,
+    Related,
+    TapeCall,
+    bindings,
+    is_const,
+)
 
 KERAS3_TENSORFLOW = (2, 16)  # tf.keras is Keras 3 from TensorFlow 2.16 on
 
@@ -127,3 +139,83 @@ def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
         related = () if site.origin is None else (
             Related(site.origin.path, site.origin.span, "the Keras layer is built here"),)
         yield Finding("BN011", site.call.span, message, fix, related)
+
+
+# ---------------------------------------------------------------------------------------------
+# BN012 keras-bn-inference-in-training-step
+
+
+@check("BN012")
+def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
+    if _tensorflow(module) < (2, 0) or module.marks_of("learning_phase"):
+        return  # TF1 Keras follows the learning phase; so does tf.keras 2 once it is set
+    for tape in module.tape_calls:
+        if tape.training_default:
+            continue
+        held = _bn_held(module, tape)
+        if not held:
+            continue
+        call = tape.call
+        message = (
+            f"`{tape.receiver}(...)` runs the model without `training=True` inside the "
+            f"GradientTape of a training step (it applies gradients on line {tape.train_row}): "
+            f"its BatchNormalization layers ({held}) run in inference mode: they normalize with "
+            "their moving mean and variance, which never update (they stay at 0 and 1), so BN "
+            "does not normalize at all and the model trains without it"
+        )
+        edit = Edit(Span.at(call.args_end), ", training=True") if call.args_end else None
+        fix = Fix(Applicability.UNSAFE, "Pass `training=True`", (edit,)) if edit else \
+            Fix(Applicability.DISPLAY_ONLY, "Pass `training=True`")
+        yield Finding("BN012", call.span, message, fix, _bn_related(module, tape))
+
+
+def _keras_bn(site: BNSite) -> bool:
+    """A Keras BatchNormalization layer that trains: its `training` comes at call time."""
+    return site.api.framework == "keras" and site.api.kind == "layer" and \
+        not is_const(site.value("trainable"), False)
+
+
+def _sites_held(module: ModuleIR, tape: TapeCall) -> list[BNSite]:
+    return [s for s in module.all_bn_sites() if _keras_bn(s) and (
+        tape.owner is not None and s.function is not None and s.function.class_name == tape.owner
+        or any(_built_by(s, b) for b in tape.builders))]
+
+
+def _built_by(site: BNSite, builder: Builder) -> bool:
+    """The BN is built when `builder` runs: reached through it (another file), inside it (a
+    `Sequential([...])` literal), applied before a functional `Model(...)` in its function, built
+    by its class, or built by a function of this file that it calls."""
+    if site.origin is not None:
+        return site.call.span == builder.span
+    if builder.span.start <= site.span.start and site.span.end <= builder.span.end:
+        return True
+    function = site.function
+    if builder.since is not None and function is builder.function and \
+            builder.since <= site.span.start < builder.span.start:
+        return True
+    if builder.local_class is not None and function is not None and \
+            function.class_name == builder.local_class:
+        return True
+    return any(s.span == builder.span for b in bindings(function) for _, s in b.chain)
+
+
+def _bn_held(module: ModuleIR, tape: TapeCall) -> str:
+    sites = _sites_held(module, tape)
+    if sites:
+        first = sites[0]
+        where = f"line {first.span.start.row}" if first.origin is None else first.origin.describe()
+        more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
+        return f"`{first.qualname}` at {where}{more}"
+    models = [m for m in module.bn_models if _keras_library(m) and any(
+        m.span == b.span for b in tape.builders)]
+    return f"those of `{models[0].callee}`" if models else ""
+
+
+def _keras_library(model: LibraryModel) -> bool:
+    return model.qualname.split(".", 1)[0] in ("tensorflow", "keras", "tf_keras")
+
+
+def _bn_related(module: ModuleIR, tape: TapeCall) -> tuple[Related, ...]:
+    sites = [s for s in _sites_held(module, tape) if s.origin is not None]
+    return tuple(Related(s.origin.path, s.origin.span, "a BatchNormalization of the model")  # type: ignore[union-attr]
+                 for s in sites[:1])

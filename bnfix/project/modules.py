@@ -102,9 +102,14 @@ class ModuleMap:
             import_name, root = module_name(absolute, modules._files, packages)
             if not import_name:
                 continue
-            name = _dotted_from(absolute, modules.project_root) or import_name
+            dotted = _dotted_from(absolute, modules.project_root)
+            # the module id is unique whatever the folders are called (`06-CIFAR-VGG/main.py`
+            # and `07-Inception/main.py` are two modules, each its own summary); `by_name`
+            # groups the files a bare import of one name may mean
+            name = dotted or _dotted_from(absolute, modules.project_root, strict=False) or \
+                import_name
             record = ModuleFile(name, import_name, given, root, absolute.endswith(os.sep + INIT))
-            modules.by_name.setdefault(name, []).append(record)
+            modules.by_name.setdefault(dotted or import_name, []).append(record)
             modules.by_path[absolute] = record
         return modules
 
@@ -174,10 +179,10 @@ class ModuleMap:
         return None
 
 
-def _dotted_from(path: str, root: str) -> str | None:
-    """`root/models/net.py` -> `models.net`; None outside `root` or for non-identifiers (both
-    absolute and normalised: a prefix test, not `relpath`, which normalises both again and
-    was a fifth of mapping the torch tree's 2,300 files)."""
+def _dotted_from(path: str, root: str, strict: bool = True) -> str | None:
+    """`root/models/net.py` -> `models.net`; None outside `root` or (`strict`) for
+    non-identifiers (both absolute and normalised: a prefix test, not `relpath`, which
+    normalises both again and was a fifth of mapping the torch tree's 2,300 files)."""
     prefix = root.rstrip(os.sep) + os.sep
     if not path.startswith(prefix):
         return None
@@ -187,7 +192,7 @@ def _dotted_from(path: str, root: str) -> str | None:
         parts[-1] = last[:-3]
         if parts[-1] == "__init__":
             parts.pop()
-    if not parts or not all(p.isidentifier() for p in parts):
+    if not parts or strict and not all(p.isidentifier() for p in parts):
         return None
     return ".".join(parts)
 

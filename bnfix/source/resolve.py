@@ -10,14 +10,16 @@ import functools
 import operator
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 
-from bnfix.findings import Span
+from bnfix.findings import Pos, Span
 from bnfix.ir import (
     ApiMention,
     Arg,
     AttributeSet,
     Block,
     BNSite,
+    Builder,
     CallInfo,
     CallSite,
     CollectionGet,
@@ -34,6 +36,7 @@ from bnfix.ir import (
     ModuleIR,
     Param,
     Statement,
+    TapeCall,
     TowerLoop,
     TrainingCall,
     TrainOp,
@@ -56,6 +59,7 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
                ast.Div: operator.truediv}
 
 
+MOMENTS = ("moments", "sufficient_statistics", "weighted_moments")  # tf.nn's batch moments
 _INT_OPS = {ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub,
             ast.FloorDiv: operator.floordiv}
 
@@ -118,6 +122,7 @@ class Resolver:
                                          self.text.span(r.call), r.ctx.function,
                                          _assigned_name(r.stmt, r.call))
                             for r in self.w.bn_model_raw]
+        module.tape_calls = self._tape_calls()
         module.backends = _backends(self.text.text)
         module.marks = [Mark(kind, self.text.span(node), None,
                              ctx.function.qualname if ctx.function else None)
@@ -295,6 +300,7 @@ class Resolver:
         needed |= {id(raw.ctx.function) for raw, _, _ in self.w.normalizer_raw if raw.ctx.function}
         needed |= {id(raw.ctx.function) for raw in self.w.gets.values() if raw.ctx.function}
         needed |= {id(raw.ctx.function) for raw in self.w.model_calls if raw.ctx.function}
+        needed |= {id(raw.ctx.function) for raw, _ in self.w.tape_raw if raw.ctx.function}
         self.resolve_call_sites(needed)
 
     def resolve_call_sites(self, functions: set[int]) -> None:
@@ -635,12 +641,59 @@ class Resolver:
                       conditions=conditions_of(self.text, raw, functools.partial(
                           self.names_used, function=raw.ctx.function)), via_class=via,
                       alternatives=self._alternatives(raw.call.func))
+        site.shared_stats = self._shared_stats(raw, spec)
         for name in self._forwarded.get(id(raw.call), ()):
             site.bound[spec.canonical_name(name)] = FromParam(raw.ctx.function, name, None)  # type: ignore[arg-type]
         target = self._assigned_target(raw)
         if target is not None:
             self._site_targets[id(site)] = target
         return site
+
+    def _shared_stats(self, raw: RawCall, spec: ApiSpec) -> bool:
+        """A BN given its mean (`tf.nn.batch_normalization(x, mean, ...)`) that is a name of its
+        function none of whose assignments is the batch's moments (`tf.nn.moments`, or a call
+        of a function of this file that computes them) made where the BN is (in the loop that
+        builds the towers, when there is one): statistics shared by every tower (CRNN's
+        cross-tower BN averages the towers' moments before its loop) or moving averages."""
+        if "mean" not in spec.params:
+            return False
+        index = spec.params.index("mean")
+        call = raw.call
+        mean = next((k.value for k in call.keywords if k.arg == "mean"),
+                    call.args[index] if len(call.args) > index else None)
+        if not isinstance(mean, ast.Name) or any(isinstance(a, ast.Starred) for a in call.args):
+            return False
+        defs = self.w.defs.get((fkey(raw.ctx.function), mean.id), ())
+        loop = raw.ctx.loops[-1].node if raw.ctx.loops else None
+        return bool(defs) and not any(
+            self._moments(value) and (loop is None or
+                                      loop.lineno <= stmt.lineno <= (loop.end_lineno or 0))
+            for _, value, stmt in defs)
+
+    def _moments(self, value: ast.expr) -> bool:
+        """`tf.nn.moments(x, axes)` (or a function of this file that calls it) or a value
+        taken from one (`moments[0]`)."""
+        while isinstance(value, (ast.Subscript, ast.Attribute)):
+            value = value.value
+        if not isinstance(value, ast.Call):
+            return False
+        qual = self.w.qualname(value.func) or ""
+        if qual.rsplit(".", 1)[-1] in MOMENTS:
+            return True
+        return isinstance(value.func, (ast.Name, ast.Attribute)) and \
+            ast.unparse(value.func).rsplit(".", 1)[-1] in self._moment_functions
+
+    @functools.cached_property
+    def _moment_functions(self) -> frozenset[str]:
+        """The functions of this file whose body computes batch moments (tensorlayer's
+        `mean_var_with_update` closure)."""
+        out = set()
+        for function in self.w.functions:
+            node = self.w.function_nodes[id(function)]
+            if any(isinstance(n, ast.Call) and (self.w.imports.qualname(n.func) or "")
+                   .rsplit(".", 1)[-1] in MOMENTS for n in ast.walk(node)):
+                out.add(function.name)
+        return frozenset(out)
 
     def _forwarding_factories(self) -> dict[int, tuple[str, ...]]:
         """BN calls that pass on their function's own `*args` / `**kwargs` (keras-YOLOv3's
@@ -679,6 +732,90 @@ class Resolver:
             if names:
                 out[id(call)] = tuple(names)
         return out
+
+    def _tape_calls(self) -> list[TapeCall]:
+        """Models called without `training` under a GradientTape, in functions that apply
+        gradients (a TF2 training step), where nothing under the same tape passes `training`
+        to that callee (a gradient penalty's inner tape): with what builds the model."""
+        steps = {fkey(r.ctx.function): r.call.lineno for r in self.w.train_raw
+                 if r.kind in ("apply_gradients", "minimize")}
+        out = []
+        for raw, tape in self.w.tape_raw:
+            function = raw.ctx.function
+            written = ast.unparse(raw.call.func)
+            row = steps.get(fkey(function))
+            if row is None or (id(tape), written) in self.w.training_receivers:
+                continue
+            func = raw.call.func
+            owner = function.class_name if isinstance(func, ast.Name) and func.id == "self" \
+                and function is not None else None
+            builders: tuple[Builder, ...] = ()
+            if isinstance(func, ast.Name) and owner is None:
+                builders = self._builders_of(func.id, function, 2)
+            elif isinstance(func, ast.Attribute) and function is not None and function.class_name:
+                builders = self._built(self.w.defs.get((0, f"{function.class_name}.{func.attr}"),
+                                                       ()))
+            if not builders and owner is None:
+                continue
+            classes = {owner} | {b.local_class for b in builders}
+            out.append(TapeCall(call_info(self.text, raw.call), written, function, builders,
+                                owner, row, any(self._trains_by_default(c) for c in classes if c)))
+        return out
+
+    def _builders_of(self, name: str, function: FunctionInfo | None, depth: int
+                     ) -> tuple[Builder, ...]:
+        """The calls that build what `name` holds in `function`: its assignments there, else
+        the module's, else (a parameter) what the callers here pass, `depth` levels up."""
+        if function is not None and name in function.params:
+            out: list[Builder] = []
+            for site in function.call_sites if depth > 0 else ():
+                value = site.args.get(name)
+                if site.where or not isinstance(value, Unknown) or value.span is None:
+                    continue
+                if value.text.isidentifier():
+                    out.extend(self._builders_of(value.text, site.caller, depth - 1))
+                elif value.span.start in self._calls_at:  # `step(Net(), opt, x)`
+                    call = self._calls_at[value.span.start]
+                    out.extend(self._built([("assign", call, call)]))  # type: ignore[list-item]
+            return tuple(out)
+        local = self.w.defs.get((fkey(function), name), ()) if function is not None else ()
+        return self._built(local or self.w.defs.get((0, name), ()))
+
+    def _built(self, defs: Sequence[tuple[str, ast.expr, ast.stmt]]) -> tuple[Builder, ...]:
+        out = []
+        for kind, value, stmt in defs:
+            if kind != "assign" or not isinstance(value, ast.Call):
+                continue
+            func = value.func
+            qual = self.w.qualname(func) or ""
+            kind_of = self.vocab.fn_kind.get(qual)
+            local = func.id if isinstance(func, ast.Name) and func.id in self.w.class_names \
+                else None
+            function = max((f for f in self.w.functions
+                            if f.span.start.row <= stmt.lineno <= f.span.end.row),
+                           key=lambda f: f.span.start.row, default=None)
+            since = None
+            if kind_of == "functional_model" and function is not None:
+                inputs = value.args[0] if value.args else next(
+                    (k.value for k in value.keywords if k.arg == "inputs"), None)
+                made = self.w.defs.get((fkey(function), inputs.id), ()) \
+                    if isinstance(inputs, ast.Name) else ()
+                since = self.text.span(made[0][1]).start if made else function.span.start
+            out.append(Builder(self.text.span(value), function, since, local))
+        return tuple(out)
+
+    @functools.cached_property
+    def _calls_at(self) -> dict[Pos, ast.Call]:
+        return {self.text.span(node).start: node for node in ast.walk(self.w.tree)
+                if isinstance(node, ast.Call)}
+
+    def _trains_by_default(self, class_name: str) -> bool:
+        """The file's class `class_name` defaults its `call`'s `training` to True: a call
+        without `training` trains."""
+        call = next((f for f in self.w.functions if f.class_name == class_name
+                     and f.name == "call"), None)
+        param = call.params.get("training") if call is not None else None
+        return param is not None and is_const(param.default, True)
 
     def _loader_batch(self) -> int | None:
         """The batch of this file's training data loaders (shuffled, or given a sampler): the
@@ -896,7 +1033,7 @@ class Resolver:
         # update ops made control dependencies of a value the train op is built from (`loss =
         # tf.identity(loss)` under them, then `opt.minimize(loss)`): they run each step
         used = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
-        target = _assigned_name(raw.stmt, call)
+        target = _assigned_name(raw.stmt, call) or _listed_in(raw.stmt, call)
         adds = runs_update_ops
         for frame, assigned, outer in self.w.control_frames:
             if frame.function is not function or frame.expr is None:
@@ -919,8 +1056,15 @@ class Resolver:
             adds = True
         if target is not None:
             for group in self.w.group_raw:
-                if group.ctx.function is function and self._mentions(group.call, target) and \
-                        "UPDATE_OPS" in self._keys(group.call, function):
+                if group.ctx.function is not function or not self._mentions(group.call, target):
+                    continue
+                # the group holds the update ops, or is built under control dependencies on
+                # them (`with tf.control_dependencies(update_ops): tf.group(apply_op, ema_op)`)
+                wired = self._keys(group.call, function)
+                for frame in group.ctx.withs:
+                    if frame.category == "control_dependencies" and frame.expr is not None:
+                        wired |= self._keys(frame.expr, frame.function)
+                if "UPDATE_OPS" in wired:
                     adds = True
         statement = self.statement(raw.stmt)
         tower, inside = self._tower_for(raw, towers)
@@ -1123,6 +1267,16 @@ def _mark_opt_outs(sites: list[BNSite]) -> None:
                            for other in synced for mine in site.conditions
                            for theirs in other.conditions) or \
             any(ref is not None and ref.synced for _, ref in site.alternatives)
+
+
+def _listed_in(stmt: ast.stmt, call: ast.Call) -> str | None:
+    """`train_ops = [opt.apply_gradients(grads)]`: the name of the list (or tuple) literal
+    that holds the call, which later code extends and groups."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+            isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, (ast.List, ast.Tuple)) \
+            and any(element is call for element in stmt.value.elts):
+        return stmt.targets[0].id
+    return None
 
 
 def _assigned_name(stmt: ast.stmt, call: ast.Call) -> str | None:

@@ -179,6 +179,11 @@ class Walker:
         # names passed as arguments (`create_clones(cfg, clone_fn)`): a function of the module
         # handed to a helper that calls it back
         self.callback_refs: list[tuple[ast.Name, RawCall]] = []
+        # calls of a name or `self.x` (or `self`) under a `tf.GradientTape` without `training`
+        # (with the outermost tape's frame), and the callees given a `training` argument under
+        # a tape (by the id of that frame)
+        self.tape_raw: list[tuple[RawCall, WithFrame]] = []
+        self.training_receivers: set[tuple[int, str]] = set()
         # `super().m(...)` and fluent `self.a(...).m(...)`: methods of the instance reached
         # through a call, and each one's `self_chain` (by the call's id)
         self.chained_calls: list[RawCall] = []
@@ -673,6 +678,14 @@ class Walker:
         for arg in (*call.args, *(k.value for k in call.keywords)):
             if type(arg) is ast.Name:
                 self.callback_refs.append((arg, raw))
+        tape = next((f for f in ctx.withs if f.category == "gradient_tape"), None) \
+            if ctx.withs else None
+        if tape is not None and _receiver(func):
+            if any(k.arg == "training" for k in call.keywords):
+                self.training_receivers.add((id(tape), ast.unparse(func)))
+            elif len(call.args) == 1 and not isinstance(call.args[0], ast.Starred) \
+                    and all(k.arg is not None for k in call.keywords):
+                self.tape_raw.append((raw, tape))
         if qual is not None:
             if qual in self.vocab.weight_functions:
                 self.marks.append(("loads_weights", call, ctx))
@@ -715,6 +728,8 @@ class Walker:
                     if spec is not None:
                         self.arg_scoped.add(spec.id)
                         self.marks.append((f"arg_scope:{spec.id}", call, ctx))
+            elif kind == "learning_phase":
+                self.marks.append(("learning_phase", call, ctx))
             elif kind in ("graph_mode", "graph_switch"):
                 self.markers.append((kind, call))
                 if kind == "graph_switch":
@@ -972,3 +987,9 @@ def _plain_receiver(expr: ast.expr) -> bool:
     while isinstance(expr, ast.Attribute):
         expr = expr.value
     return isinstance(expr, ast.Name)
+
+
+def _receiver(func: ast.expr) -> bool:
+    """A call's callee that may hold a model: a name, `self.<name>`, or `self` itself."""
+    return isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and \
+        isinstance(func.value, ast.Name) and func.value.id == "self"
