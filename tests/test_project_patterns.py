@@ -646,3 +646,31 @@ def test_bn104_does_not_drop_the_bias_of_a_conv_also_chained_without_a_bn(tmp_pa
     (tmp_path / "vgg.py").write_text(make.replace("[conv2d, nn.ReLU", "[conv2d, nn.BatchNorm2d(v), nn.ReLU"))
     [finding] = check_paths([tmp_path], select=["BN104"]).remaining
     assert finding.fix.applicability is Applicability.UNSAFE
+
+
+def test_a_script_that_does_not_parse_still_counts_as_loading_weights(tmp_path: Path,
+                                                                       monkeypatch):
+    """mean-teacher: `main.py` resumes checkpoints (`model.load_state_dict(...)`) but does not
+    parse on Python 3 (`cuda(async=True)`): its weight loads are read from its text, so BN104's
+    fix stays display-only, cold and warm, and is applied again once the load is gone."""
+    main = ("import torch\nfrom architectures import Net\n\nmodel = Net()\n"
+            "model.load_state_dict(torch.load(path)['state_dict'])\n"
+            "target = target.cuda(async=True)\n")
+    write_tree(tmp_path, {
+        "pyproject.toml": "[tool.bnfix]\n", "main.py": main,
+        "architectures.py": ("import torch.nn as nn\n\n\n"
+                             "def Net():\n    return nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8))\n")})
+    monkeypatch.chdir(tmp_path)
+
+    def bn104(cache: bool) -> Applicability:
+        report = check_paths([tmp_path], select=["BN104", "BN900"], cache=cache)
+        assert {d.code for d in report.remaining} == {"BN104", "BN900"}
+        [finding] = [d for d in report.remaining if d.code == "BN104"]
+        return finding.fix
+
+    assert bn104(False).applicability is Applicability.DISPLAY_ONLY
+    assert "main.py:5" in bn104(False).message
+    assert bn104(True).applicability is bn104(True).applicability is Applicability.DISPLAY_ONLY
+    (tmp_path / "main.py").write_text(main.replace(
+        "model.load_state_dict(torch.load(path)['state_dict'])\n", ""))
+    assert bn104(True).applicability is Applicability.UNSAFE

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from bnfix.engine import Engine, Lifted
 from bnfix.findings import FileResult
 from bnfix.project.modules import ModuleRef
+from bnfix.project.readme import load_pattern, loads_in
 from bnfix.project.summary import ModuleSummary
 from bnfix.project.view import FileContext, ProjectView
 from bnfix.source.imports import ModuleContext
@@ -91,6 +92,8 @@ class Worker:
     # the words of files searched by `mentions` (the next expansion round searches them again
     # for more names: one read and one split per file, not one per round)
     words: dict[str, frozenset[str]] = field(default_factory=dict)
+    # the weight-loader calls looked for in files that do not parse (False: none to look for)
+    _loads: re.Pattern[str] | bool | None = None
 
     def set_project(self, first_party: frozenset[str]) -> None:
         self.first_party = first_party
@@ -158,13 +161,30 @@ class Worker:
             summary = self.engine.summarize(lifted, module_id, import_name, path)
         except (SourceError, RecursionError) as exc:
             error = exc if isinstance(exc, SourceError) else TOO_DEEP
-            return Summarised(path, digest, None, relevant, stat=before,
+            return Summarised(path, digest, self._unparsed(decoded.text, module_id, import_name,
+                                                           path), relevant, stat=before,
                               error=FileResult(path, self.engine._error(path, error, frozenset()),
                                                digest=digest))
         summary.digest  # noqa: B018  (computed here, in the worker; it travels with the summary)
         if keep:
             self.lifted[path] = (digest, decoded.encoding, lifted)
         return Summarised(path, digest, summary, relevant, stat=before)
+
+    def _unparsed(self, text: str, module_id: str, import_name: str, path: str
+                  ) -> ModuleSummary | None:
+        """What the project can still learn of a file that does not parse: where its text
+        loads trained weights (readme.py), as the marks of an otherwise empty summary."""
+        if self._loads is None:
+            restores = self.engine.book.catalogue.training.get("restores", {})
+            self._loads = load_pattern(tuple(restores.get("weight_methods", ())),
+                                       tuple(restores.get("weight_functions", ()))) or False
+        found = loads_in(text, self._loads) if self._loads else []
+        if not found:
+            return None
+        summary = ModuleSummary(module_id, import_name, path,
+                                marks=tuple(("loads_weights", loc, None) for loc in found))
+        summary.digest  # noqa: B018  (computed in the worker, as for a parsed file)
+        return summary
 
     def mentions(self, path: str, names: tuple[str, ...]) -> tuple[str, bool]:
         """Whether the file's text holds one of the names (as a word)."""
