@@ -715,6 +715,9 @@ class ModuleIR:
     device_scopes: list[DeviceScope] = field(default_factory=list)
     bn_models: list[LibraryModel] = field(default_factory=list)
     tape_calls: list[TapeCall] = field(default_factory=list)
+    # calls here that build a Keras model of another file whose `call` defaults `training` to
+    # True (the project view fills it: BN012)
+    training_models: list[Span] = field(default_factory=list)
     api_mentions: list[ApiMention] = field(default_factory=list)  # BN APIs named, not called
     training_calls: list[TrainingCall] = field(default_factory=list)
     # the per-process batch of its training data loaders, when known (BN006 weighs it)

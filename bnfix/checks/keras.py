@@ -150,8 +150,8 @@ def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
     if _tensorflow(module) < (2, 0) or module.marks_of("learning_phase"):
         return  # TF1 Keras follows the learning phase; so does tf.keras 2 once it is set
     for tape in module.tape_calls:
-        if tape.training_default:
-            continue
+        if tape.training_default or any(b.span in module.training_models for b in tape.builders):
+            continue  # the model's class defaults `call`'s `training` to True
         held = _bn_held(module, tape)
         if not held:
             continue

@@ -282,11 +282,16 @@ def sync_bn_after_wrap(module: ModuleIR) -> Iterator[Finding]:
         inside = [s for s in (convert, *earlier) if s.through is not None]
         helpers = "".join(f" (`{s.call.callee}` does it in {s.through.describe()})"
                           for s in inside[:2] if s.through is not None)
+        why = []
+        if any(s.kind == "model_wrap" for s in earlier):
+            why.append("the wrapper was built over the old modules")
+        if any(s.kind == "optimizer" for s in earlier):
+            why.append("a converter that makes new parameters (apex) leaves the optimizer "
+                       "updating stale ones (torch's reuses them today, which hides it)")
         message = (
             f"`{convert.call.callee}` converts `{convert.target}` {what} (line "
-            f"{earlier[0].statement.first_row}){helpers}: the wrapper was built over the old "
-            "modules, and a converter that makes new parameters (apex) leaves the optimizer "
-            "updating stale ones; convert before wrapping and before building the optimizer"
+            f"{earlier[0].statement.first_row}){helpers}: {', and '.join(why)}; convert before "
+            "wrapping and before building the optimizer"
         )
         if "gloo" in module.backends and "SyncBatchNorm.convert_sync_batchnorm" in \
                 convert.call.callee + convert.qualname:

@@ -309,7 +309,8 @@ class Summarizer:
     def class_facts(self, name: str) -> set[str]:
         """`freeze:<method>` for its BN freeze methods, `init_freeze:<text>` for a freeze it
         applies to itself at construction, `train_refreezes` when its train() re-freezes,
-        `layer:...` when it is a biased layer under another name (wrappers.py)."""
+        `layer:...` when it is a biased layer under another name (wrappers.py),
+        `call_trains` when its Keras `call` defaults `training` to True (BN012)."""
         facts = {f"freeze:{q.split('.', 1)[1]}" for q in self.module.freezers
                  if q.startswith(name + ".") and q.count(".") == 1}
         for call in self.module.freeze_calls:
@@ -323,6 +324,8 @@ class Summarizer:
         layer = self.r.layer_aliases.get(name)
         if layer is not None:
             facts.add(layer_fact(layer))
+        if self.r.trains_by_default(name):
+            facts.add("call_trains")
         return facts
 
     def _returns(self, function: FunctionInfo) -> tuple[str, ...]:

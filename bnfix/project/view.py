@@ -452,6 +452,9 @@ class ProjectView:
                 info = self.context.instances.get(record.loc)
                 if info is not None and (info.path, info.loc) == (reach.path, reach.loc):
                     built.append((raw, module.reached_sites[-1]))  # the class is the BN
+            info = self.context.instances.get(record.loc)
+            if info is not None and "call_trains" in info.facts:
+                module.training_models.append(span(record.loc))
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:
             foreign = self.context.calls.get((self.module_id, function.qualname), [])

@@ -737,15 +737,21 @@ class Resolver:
         """Models called without `training` under a GradientTape, in functions that apply
         gradients (a TF2 training step), where nothing under the same tape passes `training`
         to that callee (a gradient penalty's inner tape): with what builds the model."""
-        steps = {fkey(r.ctx.function): r.call.lineno for r in self.w.train_raw
-                 if r.kind in ("apply_gradients", "minimize")}
+        steps: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for r in self.w.train_raw:
+            if r.kind in ("apply_gradients", "minimize"):
+                steps[fkey(r.ctx.function)].append((r.call.lineno, ast.unparse(r.call)))
         out = []
         for raw, tape in self.w.tape_raw:
             function = raw.ctx.function
             written = ast.unparse(raw.call.func)
-            row = steps.get(fkey(function))
-            if row is None or (id(tape), written) in self.w.training_receivers:
+            updates = sorted(steps.get(fkey(function), ()))
+            if not updates or (id(tape), written) in self.w.training_receivers:
                 continue
+            # the step's update of this model (a GAN applies two): the one that names its
+            # variables, else the first after the call
+            row = next((r for r, text in updates if f"{written}." in text),
+                       next((r for r, _ in updates if r > raw.call.lineno), updates[-1][0]))
             func = raw.call.func
             owner = function.class_name if isinstance(func, ast.Name) and func.id == "self" \
                 and function is not None else None
@@ -759,7 +765,7 @@ class Resolver:
                 continue
             classes = {owner} | {b.local_class for b in builders}
             out.append(TapeCall(call_info(self.text, raw.call), written, function, builders,
-                                owner, row, any(self._trains_by_default(c) for c in classes if c)))
+                                owner, row, any(self.trains_by_default(c) for c in classes if c)))
         return out
 
     def _builders_of(self, name: str, function: FunctionInfo | None, depth: int
@@ -781,19 +787,28 @@ class Resolver:
         local = self.w.defs.get((fkey(function), name), ()) if function is not None else ()
         return self._built(local or self.w.defs.get((0, name), ()))
 
-    def _built(self, defs: Sequence[tuple[str, ast.expr, ast.stmt]]) -> tuple[Builder, ...]:
-        out = []
+    def _built(self, defs: Sequence[tuple[str, ast.expr, ast.stmt]], depth: int = 2
+               ) -> tuple[Builder, ...]:
+        out: list[Builder] = []
         for kind, value, stmt in defs:
-            if kind != "assign" or not isinstance(value, ast.Call):
+            if kind != "assign":
+                continue
+            function = max((f for f in self.w.functions
+                            if f.span.start.row <= stmt.lineno <= f.span.end.row),
+                           key=lambda f: f.span.start.row, default=None)
+            if isinstance(value, ast.Name) and function is not None and \
+                    value.id in function.params and depth > 0:
+                # `self.model = model` in `__init__(self, model)`: what its callers pass
+                self.resolve_call_sites({id(function)})
+                out.extend(self._builders_of(value.id, function, depth - 1))
+                continue
+            if not isinstance(value, ast.Call):
                 continue
             func = value.func
             qual = self.w.qualname(func) or ""
             kind_of = self.vocab.fn_kind.get(qual)
             local = func.id if isinstance(func, ast.Name) and func.id in self.w.class_names \
                 else None
-            function = max((f for f in self.w.functions
-                            if f.span.start.row <= stmt.lineno <= f.span.end.row),
-                           key=lambda f: f.span.start.row, default=None)
             since = None
             if kind_of == "functional_model" and function is not None:
                 inputs = value.args[0] if value.args else next(
@@ -809,7 +824,7 @@ class Resolver:
         return {self.text.span(node).start: node for node in ast.walk(self.w.tree)
                 if isinstance(node, ast.Call)}
 
-    def _trains_by_default(self, class_name: str) -> bool:
+    def trains_by_default(self, class_name: str) -> bool:
         """The file's class `class_name` defaults its `call`'s `training` to True: a call
         without `training` trains."""
         call = next((f for f in self.w.functions if f.class_name == class_name
