@@ -22,9 +22,12 @@ from bnfix.findings import (
 )
 from bnfix.ir import (
     BiasBeforeBN,
+    BNSite,
     CallSite,
+    Const,
     Finding,
     FreezeCall,
+    FromParam,
     FunctionInfo,
     ModeCall,
     ModelCall,
@@ -32,6 +35,7 @@ from bnfix.ir import (
     ModuleIR,
     ParamFreeze,
     Related,
+    bindings,
     is_const,
 )
 
@@ -328,11 +332,27 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
         layer, bn = pair.layer, pair.bn
         if (layer.framework == "torch") != (bn.api.framework == "torch"):
             continue
+        switched = None  # the block's own parameter that sets the bias, True in some context
         if layer.bias is not None and not is_const(layer.bias.value, True):
-            continue  # bias=False, or not known
+            switched = _biased_by_default(layer.bias.value, bn)
+            if switched is None:
+                continue  # bias=False, or not known
         if layer.activation is not None and not is_const(layer.activation.value, None):
             continue  # an activation between the bias and the BN: the bias is not cancelled
         name = layer.bias_param
+        if switched is not None:
+            param, where = switched
+            function = param.function
+            owner = function.class_name or function.name
+            message = (
+                f"`{layer.call.callee}` adds a bias that the following `{bn.call.callee}` cancels "
+                f"(BatchNorm subtracts the per-channel mean, bias included): `{name}` is "
+                f"`{owner}`'s `{param.name}`, which is True {where}"
+            )
+            fix = Fix(DISPLAY, f"Pass `{param.name}=False` where `{owner}` is built with a BN "
+                               f"after it, or make False the default of its `{param.name}`")
+            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
+            continue
         message = (
             f"`{layer.call.callee}` adds a bias that the following `{bn.call.callee}` cancels "
             f"(BatchNorm subtracts the per-channel mean, bias included): `{name}=False` saves the "
@@ -361,6 +381,32 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             edit = Edit(Span.at(layer.call.args_end), f", {name}=False")
         yield Finding("BN104", layer.call.span, message,
                       Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)), _related(pair))
+
+
+def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | None:
+    """A layer's bias set by a parameter of the function (or class) that builds it, True in
+    one of its calling contexts that builds the BN too: the default where it is built without
+    it (pytorch-semseg's `conv2DBatchNorm(..., bias=True)` blocks, Attention-Gated-Networks'
+    `conv5_p`), or a literal a call passes. With where that is."""
+    if not isinstance(value, FromParam) or value.negated:
+        return None
+    function = value.function
+    switches = [(c, FromParam(function, c.text, None)) for c in bn.conditions
+                if c.text.isidentifier() and c.text in function.params]
+    for binding in bindings(function):
+        if any(isinstance(test := binding.value(param), Const) and bool(test.value) == c.negated
+               for c, param in switches):
+            continue  # in this context the BN is not built (`if is_batchnorm:` is false)
+        bound = binding.value(value)
+        if is_const(bound, True):
+            site = binding.innermost_site
+            if site is None:
+                return value, "by default (no call of it passes another value)"
+            place = f"in {shown_path(site.where)}:{site.span.start.row}" if site.where else \
+                f"on line {site.span.start.row}"
+            how = "by default" if value.name not in site.args else "as passed"
+            return value, f"{how} at the call {place}"
+    return None
 
 
 def _related(pair: BiasBeforeBN) -> tuple[Related, ...]:
