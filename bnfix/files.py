@@ -87,16 +87,27 @@ class _Ignores:
     def ignored(self, path: Path, is_dir: bool) -> bool:
         if self.exclude(path):
             return True
-        suffix = "/" if is_dir else ""
         for base, spec in reversed(self.git):
             try:
                 rel_git = path.relative_to(base).as_posix()
             except ValueError:
                 continue
-            result = spec.check_file(rel_git + suffix)
-            if result.include is not None:
-                return result.include
+            include = _folder_match(spec, rel_git) if is_dir else spec.check_file(rel_git).include
+            if include is not None:
+                return include
         return False
+
+
+def _folder_match(spec: GitIgnoreSpec, rel: str) -> bool | None:
+    """Whether a folder is ignored by `spec`: the last pattern that matches it decides, as in
+    git. (pathspec ranks a pattern that matches through the trailing `/` below one that matches
+    the name, so `*` then `!*/` — keep the folders, audioset_tagging_cnn's .gitignore — ignored
+    every folder.)"""
+    include = None
+    for pattern in spec.patterns:
+        if pattern.include is not None and pattern.match_file(rel + "/") is not None:
+            include = pattern.include
+    return include
 
 
 def _read_gitignore(path: Path) -> GitIgnoreSpec | None:

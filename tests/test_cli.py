@@ -209,6 +209,18 @@ def test_gitignore_is_respected(tree):
     assert run_bnfix("check", "--no-respect-gitignore", ".", cwd=root).returncode == 1
 
 
+def test_gitignore_negations_reinclude_folders_and_files_as_git_does(tree):
+    """audioset_tagging_cnn's .gitignore ignores everything, then keeps every folder (`!*/`)
+    and every file with a dot (`!*.*`): git tracks its .py files, so bnfix checks them (it had
+    found no file at all); what a later pattern ignores again stays ignored."""
+    root = tree({".gitignore": "*\n!*/\n!*.*\n_logs\n", "pytorch/main.py": BUGGY,
+                 "_logs/run.py": BUGGY, "kept.py": CLEAN})
+    (root / ".git").mkdir()
+    listed = run_bnfix("check", "--show-files", ".", cwd=root).stdout.split()
+    assert sorted(os.path.relpath(p, root) for p in listed) == ["kept.py", "pytorch/main.py"]
+    assert run_bnfix("check", ".", cwd=root).returncode == 1
+
+
 def test_bad_files_are_reported_and_the_run_goes_on(tree):
     root = tree({
         "py2.py": "import tensorflow as tf\nprint 'x', tf.layers.batch_normalization(x)\n",

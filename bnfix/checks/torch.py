@@ -240,6 +240,8 @@ def _bn102_fix(mode: ModeCall, freeze: FreezeCall, wrapped: bool | None) -> Fix:
         target += ".module"  # a method of the model: reached through the wrapper's `.module`
     text = freeze.text.format(target=target)
     advice = Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()`: `{text}`")
+    if freeze.text.endswith(".train()"):  # inserting it would be the call it undoes: no end
+        return Fix(DISPLAY, "Override `train()` in the model class to re-apply the BN freeze")
     if not freeze.reapplicable:
         return Fix(DISPLAY, f"Apply the freeze again after `{mode.target}.train()` when the model "
                             f"was built frozen (`{text}`, on `.module` of a DDP/DataParallel "

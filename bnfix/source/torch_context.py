@@ -253,9 +253,12 @@ class TorchContext:
         calls += self._instance_freezes(calls, freezers)
         module.freeze_calls = calls
         module.freezers = frozenset(f.qualname for f in freezers.values())
+        # a `train()` that applies a freeze, or that is one itself (temporal-shift-module's
+        # `TSN.train` puts the BN back in eval mode after `super().train(mode)`)
         module.freezing_trains = frozenset(
-            c.function.class_name for c in calls
-            if c.function is not None and c.function.name == "train" and c.function.class_name)
+            {c.function.class_name for c in calls
+             if c.function is not None and c.function.name == "train" and c.function.class_name}
+            | {f.class_name for f in freezers.values() if f.name == "train" and f.class_name})
         for key, defs in self.w.defs.items():
             if key[0] != 0 or "." not in key[1]:
                 continue
