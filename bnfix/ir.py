@@ -589,6 +589,7 @@ class BiasedLayer:
     bias_param: str
     origin: Related | None = None  # a class of another file that is this layer
     functional: bool = False  # applied where it is called (`tf.layers.conv2d(x, ...)`)
+    container: str | None = None  # one of the layers held in this container (`self.convs`)
 
 
 @dataclass

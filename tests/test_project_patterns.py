@@ -674,3 +674,22 @@ def test_a_script_that_does_not_parse_still_counts_as_loading_weights(tmp_path: 
     (tmp_path / "main.py").write_text(main.replace(
         "model.load_state_dict(torch.load(path)['state_dict'])\n", ""))
     assert bn104(True).applicability is Applicability.UNSAFE
+
+
+def test_bn104_in_module_lists_names_the_container_and_edits_nothing(tmp_path: Path):
+    """powerful-gnns: `self.linears` holds the hidden layers (each before a BN) and the output
+    layer (before none): `bias=False` on the first one built would be a partial fix at best."""
+    write_tree(tmp_path, {"mlp.py": (
+        "import torch.nn as nn\n\n\nclass MLP(nn.Module):\n"
+        "    def __init__(self, n, d):\n        super().__init__()\n"
+        "        self.linears = nn.ModuleList()\n        self.batch_norms = nn.ModuleList()\n"
+        "        for layer in range(n):\n            self.linears.append(nn.Linear(d, d))\n"
+        "            self.batch_norms.append(nn.BatchNorm1d(d))\n"
+        "        self.linears.append(nn.Linear(d, 1))\n\n"
+        "    def forward(self, h):\n        for i in range(len(self.batch_norms)):\n"
+        "            h = self.batch_norms[i](self.linears[i](h))\n"
+        "        return self.linears[-1](h)\n")})
+    [finding] = check_paths([tmp_path], select=["BN104"]).remaining
+    assert finding.span.start.row == 10
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "layers of `self.linears`" in finding.fix.message

@@ -360,6 +360,11 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             f"(BatchNorm subtracts the per-channel mean, bias included): `{name}=False` saves the "
             "parameters and their optimizer state"
         )
+        if layer.container is not None:
+            fix = Fix(DISPLAY, f"Pass `{name}=False` to the layers of `{layer.container}` that a "
+                               "BN follows (this is the first one built)")
+            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
+            continue
         if pair.unnormalized is not None:
             row = pair.unnormalized.start.row
             fix = Fix(DISPLAY, f"Drop the bias only where a BN follows: the same layer is also "

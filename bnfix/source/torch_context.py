@@ -6,6 +6,7 @@ that feed a BatchNorm. Like `resolve.py`, it reads the walker's records only."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -488,6 +489,11 @@ class TorchContext:
             target = _assigned(raw.stmt, raw.call)
             if target is not None:
                 bn_targets[self._scoped(target, raw.ctx)] = site
+        # containers of the class (`self.convs = nn.ModuleList()` filled by `.append(...)`):
+        # their elements, by `Class:self.convs`, when all are one kind of layer or BN
+        for table, items in ((layer_targets, [(r, layers.get(id(r.call))) for r, _, _ in calls]),
+                             (bn_targets, built)):
+            table.update(self._containers(items))
         pairs: list[BiasBeforeBN] = []
 
         def bn_of(item: ast.expr | None, ctx: Ctx) -> BNSite | None:
@@ -527,12 +533,15 @@ class TorchContext:
                 return found
             if isinstance(node.func, ast.Call):
                 return calls.get(id(node.func))
+            element = self._element_of(node.func, ctx)  # `self.bns[i](x)`, `bn(x)` from a loop
+            if element is not None:
+                return table.get(self._scoped(element, ctx))
             return table.get(self._scoped(self._text(node.func), ctx))
 
         helpers = self._normalizing_helpers(
             lambda node: applied(node, Ctx(), bn_targets, bn_calls))
         functional = [raw for raw, spec in self.w.bn_raw if spec.kind == "function"]
-        for raw in self.w.local_calls + self.w.attr_calls + functional:
+        for raw in self.w.local_calls + self.w.attr_calls + self.w.indexed_calls + functional:
             site = applied(raw.call, raw.ctx, bn_targets, bn_calls)
             if site is None and isinstance(raw.call.func, ast.Name):
                 site = helpers.get(raw.call.func.id)  # `_bn_relu(conv)`
@@ -556,6 +565,56 @@ class TorchContext:
         for pair in pairs:  # one per layer: the BN of each branch of an `if` cancels one bias
             unique.setdefault(id(pair.layer), pair)
         return list(unique.values())
+
+    def _containers(self, items: Sequence[tuple[RawCall, object | None]]) -> dict[str, object]:
+        """The elements of container attributes (`self.mlp_convs.append(nn.Conv2d(...))` in a
+        loop, `self.linears = nn.ModuleList([nn.Linear(...) for ...])`), by scoped attribute:
+        a container all of whose elements built here are one kind (the first stands for all)."""
+        found: dict[str, list[object]] = {}
+        for raw, element in items:
+            if element is None:
+                continue
+            owner = _container(raw)
+            if owner is not None:
+                found.setdefault(self._scoped(f"self.{owner}", raw.ctx), []).append(element)
+        out: dict[str, object] = {}
+        for key, elements in found.items():
+            # one kind of record, built alike (the same bias argument, or none: a BN)
+            kinds = {(type(e), getattr(e, "bias_param", None),
+                      getattr(getattr(e, "bias", None), "value_text", None)) for e in elements}
+            if len(kinds) == 1:
+                first = elements[0]
+                out[key] = dataclasses.replace(first, container=key.split(":", 1)[1]) \
+                    if isinstance(first, BiasedLayer) else first
+        return out
+
+    def _element_of(self, func: ast.expr, ctx: Ctx) -> str | None:
+        """`self.bns[i]`, or a name bound to an element of `self.bns` in the function (`bn =
+        self.bns[i]`, `for conv in self.convs`, `for i, conv in enumerate(self.convs)`, `for
+        conv, bn in zip(self.convs, self.bns)`): `self.bns`."""
+        if isinstance(func, ast.Subscript):
+            return _self_attr(func.value)
+        if not isinstance(func, ast.Name) or ctx.function is None:
+            return None
+        defs = self.w.defs.get((fkey(ctx.function), func.id), ())
+        if len(defs) == 1 and defs[0][0] == "assign" and isinstance(defs[0][1], ast.Subscript):
+            return _self_attr(defs[0][1].value)
+        for loop in self.w.loops:
+            if loop.function is not ctx.function:
+                continue
+            target, source = loop.node.target, loop.node.iter
+            if isinstance(source, ast.Call) and isinstance(source.func, ast.Name) and \
+                    source.func.id == "enumerate" and source.args and \
+                    isinstance(target, ast.Tuple) and len(target.elts) == 2:
+                target, source = target.elts[1], source.args[0]
+            if isinstance(target, ast.Name) and target.id == func.id:
+                return _self_attr(source)
+            if isinstance(source, ast.Call) and isinstance(source.func, ast.Name) and \
+                    source.func.id == "zip" and isinstance(target, ast.Tuple):
+                for element, iterable in zip(target.elts, source.args):
+                    if isinstance(element, ast.Name) and element.id == func.id:
+                        return _self_attr(iterable)
+        return None
 
     def _normalizing_helpers(self, bn_of: Callable[[ast.expr], object | None]
                              ) -> dict[str, BNSite]:
@@ -781,6 +840,32 @@ def _binds(stmt: ast.stmt, name: str) -> bool:
         if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
             return True
     return False
+
+
+def _self_attr(expr: ast.expr) -> str | None:
+    """`self.convs` -> `self.convs`."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and \
+            expr.value.id == "self":
+        return f"self.{expr.attr}"
+    return None
+
+
+def _container(raw: RawCall) -> str | None:
+    """The attribute of `self` a layer call is put in: `self.convs.append(<call>)`, or an
+    element of `self.convs = nn.ModuleList([...])` (a list literal or comprehension)."""
+    for parent in reversed(raw.parents):
+        func = parent.func
+        if isinstance(func, ast.Attribute) and func.attr == "append" and \
+                _self_attr(func.value) is not None and parent.args and \
+                any(a is raw.call or any(n is raw.call for n in ast.walk(a)) for a in parent.args):
+            return func.value.attr  # type: ignore[attr-defined]
+        if isinstance(func, ast.Attribute) and func.attr == "ModuleList" or \
+                isinstance(func, ast.Name) and func.id == "ModuleList":
+            stmt = raw.stmt
+            if isinstance(stmt, ast.Assign) and stmt.value is parent and len(stmt.targets) == 1:
+                name = _self_attr(stmt.targets[0])
+                return name[5:] if name else None
+    return None
 
 
 def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:

@@ -183,6 +183,7 @@ class Walker:
         # (with the outermost tape's frame), and the callees given a `training` argument under
         # a tape (by the id of that frame)
         self.tape_raw: list[tuple[RawCall, WithFrame]] = []
+        self.indexed_calls: list[RawCall] = []
         self.training_receivers: set[tuple[int, str]] = set()
         # `super().m(...)` and fluent `self.a(...).m(...)`: methods of the instance reached
         # through a call, and each one's `self_chain` (by the call's id)
@@ -807,6 +808,8 @@ class Walker:
                 self.attr_calls.append(raw)
         elif isinstance(func, (ast.Name, ast.Call)):
             self.local_calls.append(raw)
+        elif isinstance(func, ast.Subscript):
+            self.indexed_calls.append(raw)  # `self.bns[i](x)`: an element of a container
         if ctx.region is not None and _plain_receiver(func):
             raw.kind = raw.kind or "model_call"
             self.model_calls.append(raw)
