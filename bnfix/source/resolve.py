@@ -320,10 +320,9 @@ class Resolver:
                     function.call_sites.append(self._call_site(function, raw, skip))
                     if raw.ctx.function is not None:
                         callers.add(id(raw.ctx.function))
-            for name, raw in self.w.callback_refs:
-                function = self._callback(name, raw)
+            for name, raw, function in self._callbacks:
                 key = (id(name), id(function))
-                if function is None or id(function) not in needed or key in done:
+                if id(function) not in needed or key in done:
                     continue
                 done.add(key)
                 function.call_sites.append(self._callback_site(function, name, raw))
@@ -332,6 +331,19 @@ class Resolver:
             if callers <= needed:
                 break
             needed |= callers
+
+    @functools.cached_property
+    def _callbacks(self) -> list[tuple[ast.Name, RawCall, FunctionInfo]]:
+        """The names passed as arguments that stand for a function of the module, with it
+        (worked out once: most names passed are values, filtered by the module's names)."""
+        defined = {name for owner, name in self._by_name if owner is None}
+        out = []
+        for name, raw in self.w.callback_refs:
+            if name.id in defined:
+                function = self._callback(name, raw)
+                if function is not None:
+                    out.append((name, raw, function))
+        return out
 
     def _callback(self, name: ast.Name, raw: RawCall) -> FunctionInfo | None:
         """The module's function that `name`, passed as an argument of `raw`, stands for: one
