@@ -10,7 +10,7 @@ import functools
 import operator
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from bnfix.findings import Pos, Span
 from bnfix.ir import (
@@ -311,26 +311,29 @@ class Resolver:
         done = self._done_sites
         for _ in range(3):
             callers: set[int] = set()
-            for raw in [*self.w.local_calls, *self.w.chained_calls]:
-                for function, skip in self._targets(raw, by_name):
-                    key = (id(raw.call), id(function))
-                    if id(function) not in needed or key in done:
-                        continue
-                    done.add(key)
-                    function.call_sites.append(self._call_site(function, raw, skip))
-                    if raw.ctx.function is not None:
-                        callers.add(id(raw.ctx.function))
-            for name, raw, function in self._callbacks:
-                key = (id(name), id(function))
+            for node, raw, function, skip in self._reaching(by_name):
+                key = (id(node), id(function))
                 if id(function) not in needed or key in done:
                     continue
                 done.add(key)
-                function.call_sites.append(self._callback_site(function, name, raw))
+                function.call_sites.append(
+                    self._call_site(function, raw, skip) if skip is not None
+                    else self._callback_site(function, node, raw))  # type: ignore[arg-type]
                 if raw.ctx.function is not None:
                     callers.add(id(raw.ctx.function))
             if callers <= needed:
                 break
             needed |= callers
+
+    def _reaching(self, by_name: dict[tuple[str | None, str], list[FunctionInfo]]
+                  ) -> Iterator[tuple[ast.AST, RawCall, FunctionInfo, bool | None]]:
+        """What reaches a function of the module: its calls (the call, whether `self` is
+        bound) and the names that hand it to a helper (the name, None)."""
+        for raw in [*self.w.local_calls, *self.w.chained_calls]:
+            for function, skip in self._targets(raw, by_name):
+                yield raw.call, raw, function, skip
+        for name, raw, function in self._callbacks:
+            yield name, raw, function, None
 
     @functools.cached_property
     def _callbacks(self) -> list[tuple[ast.Name, RawCall, FunctionInfo]]:
