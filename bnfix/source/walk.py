@@ -291,6 +291,10 @@ class Walker:
         for stmt in stmts:
             self.block_of[id(stmt)] = block
             self._stmt(stmt, ctx)
+            if isinstance(stmt, ast.If) and not stmt.orelse and ctx.function is not None and \
+                    isinstance(stmt.body[-1], (ast.Return, ast.Raise)):
+                # `if incre_only: return ...`: what follows runs only where the test is false
+                ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
 
     def _stmt(self, stmt: ast.stmt, ctx: Ctx) -> None:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
