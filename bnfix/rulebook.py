@@ -225,6 +225,7 @@ class LayerSpec(NamedTuple):
     bias: str  # the parameter that switches the bias off (`bias`, `use_bias`)
     activation: str | None  # Keras layers apply an activation after the bias
     functional: bool = False  # a function applied to its input (`tf.layers.conv2d(x, ...)`)
+    legacy_bias: str | None = None  # an older API's switch, when a call writes it (Keras 1 `bias`)
 
 
 class Catalogue:
@@ -549,6 +550,7 @@ def _load_catalogue(folder: Path, read: Callable[[Path], dict[str, Any]] = _read
                 bias=_require(entry, "bias", path),
                 activation=entry.get("activation"),
                 functional=_flag(entry, "functional", False, path),
+                legacy_bias=entry.get("legacy_bias"),
             )
             for name in _require(entry, "names", path):
                 cat.layers[name] = layer

@@ -261,12 +261,15 @@ def unscoped_update_ops(module: ModuleIR) -> Iterator[Finding]:
         collects = (
             "adds every tower built so far on each iteration (duplicates)"
             if get.inside_tower and get.usage == "accumulate"
+            else "collects the update ops of every tower built so far, and each tower's step "
+                 "depends on them" if get.inside_tower
             else "collects the update ops of every tower"
         )
         message = (
             f"`{get.call.callee}(UPDATE_OPS)` without a scope {where} the tower loop at line "
             f"{tower.span.start.row} {collects}: the shared moving mean/variance are then updated "
-            "once per tower each step; collect one tower's updates (its name scope)"
+            "once per tower each step; collect one tower's updates (its name scope"
+            + (", in the first tower only)" if get.inside_tower else ")")
         )
         yield Finding("BN002", get.call.span, message, _bn002_fix(module, get, tower))
 
@@ -374,10 +377,10 @@ def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
         created = tower.name_scope is None
         if (created and not _inside_block(tower, row)) or (not created and not get.row_in_loop_after_scope):
             return advice
-        if get.usage == "assign":
-            edits = (*plan.edits, _add_keyword(get.call, plan.name))
-            return Fix(UNSAFE, f"Collect the UPDATE_OPS of the current tower (`{plan.name}`)", edits)
-        if get.usage == "accumulate" and tower.starts_at_zero and tower.loop_var:
+        # each tower depends on what it collects: scoping alone would still run every tower's
+        # updates (youtube-8m's per-tower `control_dependencies(update_ops)`); the first
+        # tower's, only in the first tower, run once
+        if get.usage in ("assign", "accumulate") and tower.starts_at_zero and tower.loop_var:
             scoped = _add_keyword(get.call, plan.name)
             edits = (
                 *plan.edits,

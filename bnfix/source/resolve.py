@@ -1208,7 +1208,8 @@ class Resolver:
 
     def _keys(self, expr: ast.AST, function: FunctionInfo | None, depth: int = 0,
               seen: frozenset[str] = frozenset()) -> frozenset[str]:
-        """Collection keys (`UPDATE_OPS` …) whose contents can reach `expr`, through locals."""
+        """Collection keys (`UPDATE_OPS` …) whose contents can reach `expr`, through locals and
+        attributes of `self` (hourglass' `self.update_ops = tf.get_collection(UPDATE_OPS)`)."""
         if depth > TRACE_DEPTH:
             return frozenset()
         if isinstance(expr, ast.Call) and id(expr) in self.w.gets:
@@ -1217,13 +1218,17 @@ class Resolver:
                 (k.value for k in raw.call.keywords if k.arg in ("key", "name")), None)
             key = self._collection_key(key_expr)
             return frozenset((key,)) if key else frozenset({"?"})
-        if isinstance(expr, ast.Name):
-            if expr.id in seen:
+        name = expr.id if isinstance(expr, ast.Name) else \
+            f"self.{expr.attr}" if isinstance(expr, ast.Attribute) and \
+            isinstance(expr.value, ast.Name) and expr.value.id in ("self", "cls") else None
+        if name is not None:
+            if name in seen:
                 return frozenset()
             out: frozenset[str] = frozenset()
-            for _, value, _ in self._defs_of(expr, function):
-                out |= self._keys(value, function, depth + 1, seen | {expr.id})
-            return out
+            for _, value, _ in self._defs_of(expr, function):  # type: ignore[arg-type]
+                out |= self._keys(value, function, depth + 1, seen | {name})
+            if out or isinstance(expr, ast.Name):
+                return out
         out = frozenset()
         for child in ast.iter_child_nodes(expr):
             if isinstance(child, (ast.expr, ast.keyword)):

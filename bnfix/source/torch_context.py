@@ -473,10 +473,11 @@ class TorchContext:
         calls = [(raw, spec, None) for raw, spec in self.w.layer_raw] + list(foreign)
         for raw, spec, origin in calls:
             args = self.r.bind_args(raw, spec.params)
-            if spec.bias not in args and unpacks(raw.call):
+            switch = spec.legacy_bias if spec.legacy_bias in args else spec.bias
+            if switch not in args and unpacks(raw.call):
                 continue  # `nn.Conv2d(..., **kwargs)`: the bias may be in there (OpenPCDet)
-            layer = BiasedLayer(spec.framework, call_info(self.text, raw.call), args.get(spec.bias),
-                                args.get(spec.activation) if spec.activation else None, spec.bias,
+            layer = BiasedLayer(spec.framework, call_info(self.text, raw.call), args.get(switch),
+                                args.get(spec.activation) if spec.activation else None, switch,
                                 origin, spec.functional)
             layers[id(raw.call)] = layer
             target = _assigned(raw.stmt, raw.call)
