@@ -639,6 +639,11 @@ class LibraryModel(NamedTuple):
     function: FunctionInfo | None = None
     assigned: str | None = None  # the name the model is assigned to (`backbone = ResNet50()`)
 
+    @property
+    def keras(self) -> bool:
+        """A Keras application (else a torchvision model)."""
+        return self.qualname.split(".", 1)[0] in ("tensorflow", "keras", "tf_keras")
+
 
 class ApiMention(NamedTuple):
     """A BN API named but not called here (`{'normalizer_fn': slim.batch_norm}`, an

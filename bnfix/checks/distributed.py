@@ -130,7 +130,7 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
             yield Finding("BN006", site.span, _scope_message(f"`{site.call.callee}`", scope),
                           _keras_fix(module, site))
         for model in module.bn_models:
-            if not _keras_model(model) or not _in_scope(scope)(model.function, model.span.start.row) \
+            if not model.keras or not _in_scope(scope)(model.function, model.span.start.row) \
                     or _frozen(module, model):
                 continue
             built = f"`{model.callee}` (a Keras application: plain BatchNormalization layers)"
@@ -219,15 +219,11 @@ def _plain_torch_bn(module: ModuleIR) -> str | None:
     if plain:
         return f"the BatchNorm layers of the model it builds (`{plain[0].qualname}` at " \
                f"{plain[0].origin.describe()})"  # type: ignore[union-attr]
-    torch_models = [m for m in module.bn_models if not _keras_model(m)]
+    torch_models = [m for m in module.bn_models if not m.keras]
     if torch_models:
         model = torch_models[0]
         return f"the BatchNorm layers of `{model.callee}` (line {model.span.start.row})"
     return None
-
-
-def _keras_model(model: LibraryModel) -> bool:
-    return model.qualname.split(".", 1)[0] in ("tensorflow", "keras", "tf_keras")
 
 
 def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:

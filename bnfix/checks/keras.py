@@ -13,7 +13,6 @@ from bnfix.ir import (
     Builder,
     Const,
     Finding,
-    LibraryModel,
     ModuleIR,
     Related,
     TapeCall,
@@ -152,7 +151,8 @@ def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
     for tape in module.tape_calls:
         if tape.training_default or any(b.span in module.training_models for b in tape.builders):
             continue  # the model's class defaults `call`'s `training` to True
-        held = _bn_held(module, tape)
+        sites = _sites_held(module, tape)
+        held = _bn_held(module, tape, sites)
         if not held:
             continue
         call = tape.call
@@ -166,7 +166,9 @@ def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
         edit = Edit(Span.at(call.args_end), ", training=True") if call.args_end else None
         fix = Fix(Applicability.UNSAFE, "Pass `training=True`", (edit,)) if edit else \
             Fix(Applicability.DISPLAY_ONLY, "Pass `training=True`")
-        yield Finding("BN012", call.span, message, fix, _bn_related(module, tape))
+        related = tuple(Related(s.origin.path, s.origin.span, "a BatchNormalization of the model")
+                        for s in [s for s in sites if s.origin is not None][:1])  # type: ignore[union-attr]
+        yield Finding("BN012", call.span, message, fix, related)
 
 
 def _keras_bn(site: BNSite) -> bool:
@@ -199,23 +201,13 @@ def _built_by(site: BNSite, builder: Builder) -> bool:
     return any(s.span == builder.span for b in bindings(function) for _, s in b.chain)
 
 
-def _bn_held(module: ModuleIR, tape: TapeCall) -> str:
-    sites = _sites_held(module, tape)
+def _bn_held(module: ModuleIR, tape: TapeCall, sites: list[BNSite]) -> str:
     if sites:
         first = sites[0]
         where = f"line {first.span.start.row}" if first.origin is None else first.origin.describe()
         more = f" and {len(sites) - 1} more" if len(sites) > 1 else ""
         return f"`{first.qualname}` at {where}{more}"
-    models = [m for m in module.bn_models if _keras_library(m) and any(
+    models = [m for m in module.bn_models if m.keras and any(
         m.span == b.span for b in tape.builders)]
     return f"those of `{models[0].callee}`" if models else ""
 
-
-def _keras_library(model: LibraryModel) -> bool:
-    return model.qualname.split(".", 1)[0] in ("tensorflow", "keras", "tf_keras")
-
-
-def _bn_related(module: ModuleIR, tape: TapeCall) -> tuple[Related, ...]:
-    sites = [s for s in _sites_held(module, tape) if s.origin is not None]
-    return tuple(Related(s.origin.path, s.origin.span, "a BatchNormalization of the model")  # type: ignore[union-attr]
-                 for s in sites[:1])

@@ -591,14 +591,15 @@ def double_ema_of_bn_stats(module: ModuleIR) -> Iterator[Finding]:
             )
             yield Finding("BN004", apply.call.span, message, _bn004_fix(module, var_list),
                           _restore_related(module))
-        elif "trainable" in var_list.tags and (polluted or _callers_polluted(apply.function)):
+        elif "trainable" in var_list.tags and (
+                polluted or (callers := _callers_polluted(apply.function))):
             if polluted:
                 first = polluted[0]
                 where = f"line {first.span.start.row}" if first.origin is None else \
                     first.origin.describe()
                 related = tuple(_origin_related(first))
             else:  # an EMA helper: the BN is in the graph its caller builds
-                call = _callers_polluted(apply.function)[0]
+                call = callers[0]
                 where = f"in the graph its caller builds {_call_place(call)}"
                 related = (_call_related(call, "builds that graph"),)
             message = (

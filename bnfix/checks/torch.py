@@ -409,10 +409,8 @@ def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | Non
             site = binding.innermost_site
             if site is None:
                 return value, "by default (no call of it passes another value)"
-            place = f"in {shown_path(site.where)}:{site.span.start.row}" if site.where else \
-                f"on line {site.span.start.row}"
             how = "by default" if value.name not in site.args else "as passed"
-            return value, f"{how} at the call {place}"
+            return value, f"{how} at the call {_site_place(site)}"
     return None
 
 

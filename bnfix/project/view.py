@@ -430,6 +430,7 @@ class ProjectView:
         summarizer = Summarizer(resolver, module, self.module_id, "", self.path)
         built: list[tuple[RawCall, BNSite]] = []  # BN classes of other files constructed here
         for raw, record in summarizer.call_records():
+            info = self.context.instances.get(record.loc)  # the first-party class built, if any
             for reach in self.context.reaches.get(record.loc, ()):
                 spec = self.by_id.get(reach.api)
                 if spec is None:
@@ -449,10 +450,8 @@ class ProjectView:
                     opt_out=reach.opt_out,
                     weights_only=resolver.weights_only(raw),
                 ))
-                info = self.context.instances.get(record.loc)
                 if info is not None and (info.path, info.loc) == (reach.path, reach.loc):
                     built.append((raw, module.reached_sites[-1]))  # the class is the BN
-            info = self.context.instances.get(record.loc)
             if info is not None and "call_trains" in info.facts:
                 module.training_models.append(span(record.loc))
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})

@@ -60,8 +60,6 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
 
 
 MOMENTS = ("moments", "sufficient_statistics", "weighted_moments")  # tf.nn's batch moments
-_INT_OPS = {ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub,
-            ast.FloorDiv: operator.floordiv}
 
 
 class Resolver:
@@ -868,12 +866,13 @@ class Resolver:
     def _known_int(self, expr: ast.expr, function: FunctionInfo | None) -> int | None:
         """An integer known statically, also through arithmetic on known integers
         (`batch_size=args.batch_size * args.mu`: FixMatch's unlabeled loader)."""
-        if isinstance(expr, ast.BinOp) and type(expr.op) in _INT_OPS:
+        if isinstance(expr, ast.BinOp) and type(expr.op) in _ARITHMETIC:
             left = self._known_int(expr.left, function)
             right = self._known_int(expr.right, function)
-            if left is None or right is None or (right == 0 and type(expr.op) is ast.FloorDiv):
+            if left is None or right is None or (right == 0 and type(expr.op) is ast.Div):
                 return None
-            return _INT_OPS[type(expr.op)](left, right)
+            result = _ARITHMETIC[type(expr.op)](left, right)
+            return result if type(result) is int else None
         value = self.value(expr, function)
         if not isinstance(value, Const) and isinstance(expr, ast.Attribute) and \
                 expr.attr in self.w.option_defaults:

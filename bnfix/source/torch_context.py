@@ -862,21 +862,15 @@ def _container(raw: RawCall) -> str | None:
             return func.value.attr  # type: ignore[attr-defined]
         if isinstance(func, ast.Attribute) and func.attr == "ModuleList" or \
                 isinstance(func, ast.Name) and func.id == "ModuleList":
-            stmt = raw.stmt
-            if isinstance(stmt, ast.Assign) and stmt.value is parent and len(stmt.targets) == 1:
-                name = _self_attr(stmt.targets[0])
-                return name[5:] if name else None
+            name = _assigned(raw.stmt, parent)
+            return name[5:] if name and name.startswith("self.") else None
     return None
 
 
 def _assigned(stmt: ast.stmt, call: ast.Call) -> str | None:
     if isinstance(stmt, ast.Assign) and stmt.value is call and len(stmt.targets) == 1:
         target = stmt.targets[0]
-        if isinstance(target, ast.Name):
-            return target.id
-        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
-                target.value.id == "self":
-            return f"self.{target.attr}"
+        return target.id if isinstance(target, ast.Name) else _self_attr(target)
     return None
 
 
