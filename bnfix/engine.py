@@ -75,14 +75,22 @@ def _row_bounds(source: SourceText, row: int) -> tuple[int, int]:
 class Triggers:
     """Which rules a text can concern, from one search per distinct trigger word: words that
     contain a shorter trigger word (`SyncBatchNorm` holds `BatchNorm`) are only searched in
-    texts that hold the shorter one."""
+    texts that hold the shorter one. A rule with required words (`requires`) concerns a text
+    that holds one of its trigger words and one of those (BN005: a tower transposition, and a
+    sum)."""
 
-    def __init__(self, by_code: dict[str, tuple[str, ...]]) -> None:
+    def __init__(self, by_code: dict[str, tuple[str, ...]],
+                 required: dict[str, tuple[str, ...]] | None = None) -> None:
         self.always = frozenset(code for code, words in by_code.items() if not words)
+        self.required = {code: frozenset(words) for code, words in (required or {}).items()
+                         if words and code in by_code}
         self.codes: dict[str, set[str]] = {}
         for code, words in by_code.items():
             for word in words:
                 self.codes.setdefault(word, set()).add(code)
+        for words in self.required.values():
+            for word in words:
+                self.codes.setdefault(word, set())
         ordered = sorted(self.codes, key=len)
         self.children: dict[str, list[str]] = {}
         self.roots: list[str] = []
@@ -102,11 +110,18 @@ class Triggers:
             stack.extend(w for w in self.children.get(word, ()) if w in text)
         return found
 
+    def concerns(self, text: str) -> bool:
+        """Some rule with trigger words concerns the text (its required words found too)."""
+        found = self.words(text)
+        return any(code not in self.required or self.required[code] & found
+                   for word in found for code in self.codes[word])
+
     def relevant(self, text: str) -> set[str]:
         out = set(self.always)
-        for word in self.words(text):
+        found = self.words(text)
+        for word in found:
             out |= self.codes[word]
-        return out
+        return {code for code in out if code not in self.required or self.required[code] & found}
 
 
 class Lifted(NamedTuple):
@@ -135,14 +150,15 @@ class Engine:
         self.not_in_tests = frozenset(c for c in enabled if not book.rules[c].in_tests)
         by_code = {code: tuple(sorted(set(self._words(book.rules[code].triggers))))
                    for code in sorted(enabled - ENGINE_CODES)}
-        self.triggers = Triggers(by_code)
+        required = {code: rule.requires for code, rule in book.rules.items()}
+        self.triggers = Triggers(by_code, required)
         # what makes a file worth summarising for the project: any source rule's words (the
         # rules enabled here may read what other files' code says), and the catalogue's list
         words = {"summary": tuple(book.catalogue.training.get("summary", {}).get("words", ()))}
         for code, rule in book.rules.items():
             if rule.target == "source" and code not in ENGINE_CODES:
                 words[code] = tuple(self._words(rule.triggers))
-        self.summary_triggers = Triggers(words)
+        self.summary_triggers = Triggers(words, required)
         # rules that can fire on what other files of the project say (checked in a file that
         # calls or is called by BN code elsewhere, whatever its own words)
         self.project_codes = frozenset(c for c in enabled if book.rules[c].project)

@@ -136,7 +136,8 @@ class Binding:
     def __init__(self, chain: tuple[tuple[FunctionInfo, CallSite], ...] = ()) -> None:
         self.chain = chain
 
-    def value(self, value: Value | None) -> Value | None:
+    def value(self, value: Value | None, defaults: bool = True) -> Value | None:
+        """With `defaults` False, a parameter of a function no call reaches stays itself."""
         for function, site in self.chain:
             if not (isinstance(value, FromParam) and value.function is function):
                 break
@@ -144,7 +145,7 @@ class Binding:
             value = function.param_value(site, value.name)
             if negated and value is not None:
                 value = negate(value)
-        if isinstance(value, FromParam) and not value.function.call_sites:
+        if defaults and isinstance(value, FromParam) and not value.function.call_sites:
             param = value.function.params.get(value.name)
             if param is not None and param.default is not None:
                 return negate(param.default) if value.negated else param.default
@@ -380,6 +381,7 @@ class CollectionGet:
     inside_tower: bool  # lexically inside the tower loop (else after it)
     usage: str  # assign | accumulate | other
     row_in_loop_after_scope: bool  # inside the loop, after the tower's name scope was entered
+    tower_always: bool = True  # after the loop: the loop runs on every path that reaches it
 
 
 class Statement(NamedTuple):
@@ -462,6 +464,7 @@ class ModelCall:
     function: FunctionInfo | None
     region: Region | None
     iterates: str = ""  # the iterables of the loops around the call and in its no_grad block
+    bound_row: int | None = None  # last row that binds the model's name in its function first
 
 
 class TrainingCall(NamedTuple):

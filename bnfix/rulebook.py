@@ -117,7 +117,7 @@ class Rule(NamedTuple):
     severity: str
     fix: str
     frameworks: tuple[str, ...]
-    triggers: tuple[str, ...]
+    triggers: tuple[str, ...]  # the rule concerns a text holding one of these words
     in_tests: bool  # reported in test modules too (False: tests exercise such values on purpose)
     docs: RuleDocs
     examples: tuple[Example, ...]
@@ -125,6 +125,7 @@ class Rule(NamedTuple):
     target: str = "source"
     project: bool = False  # also fires on what other files of the project say about a file
     default: bool = True  # on unless deselected (False: opt-in, e.g. style and cost rules)
+    requires: tuple[str, ...] = ()  # ... and, when given, one of these words too
 
     @property
     def url(self) -> str:
@@ -364,10 +365,17 @@ def _require(data: dict[str, Any], key: str, path: Path) -> Any:
 
 
 DOC_KEYS = frozenset(RuleDocs._fields)
+RULE_KEYS = frozenset({"code", "name", "summary", "severity", "fix", "frameworks", "triggers",
+                       "requires", "in-tests", "docs", "examples", "target", "project",
+                       "default"})
 
 
 def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) -> Rule:
     data = read(path)
+    unknown = sorted(set(data) - RULE_KEYS)
+    if unknown:
+        raise RuleBookError(f"{path}: unknown key `{unknown[0]}` (known: "
+                            f"{', '.join(sorted(RULE_KEYS))})")
     docs = _require(data, "docs", path)
     unknown = sorted(set(docs) - DOC_KEYS)
     if unknown:
@@ -415,6 +423,7 @@ def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) 
         fix=fix,
         frameworks=tuple(data.get("frameworks", ())),
         triggers=tuple(data.get("triggers", ())),
+        requires=tuple(data.get("requires", ())),
         in_tests=bool(data.get("in-tests", True)),
         docs=RuleDocs(
             what=_require(docs, "what", path),

@@ -140,6 +140,9 @@ def test_python2_and_syntax_errors_are_bn900():
     (tabs,) = check_source("import tensorflow as tf\nif tf:\n        bn = 1\n\tx = tf.layers."
                            "batch_normalization(bn)\n", "t.py")
     assert tabs.code == "BN900" and "Python 2 source (tabs and spaces mixed" in tabs.message
+    (long,) = check_source("import tensorflow as tf\nx = tf.layers.batch_normalization\n"
+                           "assert n == 3217920L, 0xFFL\n", "t.py")  # slim's mobilenet_v1_test
+    assert long.code == "BN900" and "Python 2 source (a `long` literal" in long.message
 
 
 def test_files_without_bn_are_not_parsed():
@@ -200,3 +203,16 @@ def test_no_rule_example_or_fixture_offers_a_fix_whose_edits_overlap():
         seen += 1
         assert d.fix is None or UNBUILDABLE not in d.fix.message, (d.path, d.code)
     assert seen > 100
+
+
+def test_a_rule_with_required_words_concerns_texts_holding_both_kinds():
+    """BN005 needs a transposition of the towers (`zip(*` or an index loop) and a sum: a text
+    with only one of the two is not parsed for it; one with both is (also `xrange`)."""
+    engine = Engine(load_rulebook(), frozenset({"BN005"}))
+    loop = "for i in xrange(len(grads[0])):\n    pass\n"
+    assert engine.relevant(loop, "a.py") == set()
+    assert engine.relevant("x = tf.add_n(xs)\n", "a.py") == set()
+    assert engine.relevant(loop + "y = tf.reduce_sum(g, 0)\n", "a.py") == {"BN005"}
+    assert engine.relevant("for gv in zip(*tg):\n    tf.add_n(gv)\n", "a.py") == {"BN005"}
+    words = engine.summary_triggers  # what makes a file worth summarising: the same test
+    assert not words.concerns(loop) and words.concerns(loop + "y = tf.reduce_sum(g, 0)\n")

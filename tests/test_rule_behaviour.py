@@ -194,3 +194,31 @@ def test_bn101_model_used_for_training_in_the_same_no_grad_free_function_is_not_
             model.train()
             return model(x)
     """, ["BN101"]) == []
+
+
+def test_bn002_after_a_tower_loop_on_one_branch_only_is_display_only():
+    """PoseEstimationForMobile: the tower loop runs in the `else` of a CPU path, the read after
+    both: a scope name bound in the loop would be unbound on the CPU path (NameError)."""
+    book = load_rulebook()
+    (example,) = [e for e in book.rules["BN002"].examples if "one branch only" in e.name]
+    (finding,) = check_source(example.source, "train.py", select=["BN002"])
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "does not run on every path" in finding.fix.message
+    assert fix_source(example.source, "train.py", unsafe_fixes=True,
+                      select=["BN002"]).text == example.source
+    # the same loop at the read's own level (no CPU branch): the scope name is always bound
+    (fixable,) = diagnostics("""
+        import tensorflow as tf
+
+
+        def train(num_gpus, opt):
+            grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    with tf.name_scope('GPU_%d' % i):
+                        with tf.variable_scope('model', reuse=(i > 0)):
+                            grads.append(opt.compute_gradients(tower_loss(i)))
+            update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+            return update_ops, grads
+    """, ["BN002"])
+    assert fixable.fix.applicability is Applicability.UNSAFE

@@ -156,9 +156,15 @@ def test_the_parsed_rule_book_is_kept_in_the_cache_folder_and_checked_at_every_l
     assert same(load_rulebook(root), first)
     rule = root / "BN008.toml"
     rule.write_text(rule.read_text().replace("\nfix = ", "\nfixx = ", 1))  # a typo
+    with pytest.raises(RuleBookError, match="BN008.toml: unknown key `fixx`"):
+        load_rulebook(root, cache)
+    rule.write_text(rule.read_text().replace("\nfixx = ", "\nrequires = [\"x\"]\nfix = ", 1))
+    assert load_rulebook(root, cache).rules["BN008"].requires == ("x",)  # a known key
+    rule.write_text(rule.read_text().replace("\nrequires = [\"x\"]\n", "\n", 1))
+    rule.write_text(rule.read_text().replace("\nfix = ", "\n# fix = ", 1))
     with pytest.raises(RuleBookError, match="BN008.toml: missing required key `fix`"):
         load_rulebook(root, cache)
-    rule.write_text(rule.read_text().replace("\nfixx = ", "\nfix = ", 1))
+    rule.write_text(rule.read_text().replace("\n# fix = ", "\nfix = ", 1))
     parses.clear()
     again = load_rulebook(root, cache)
     assert same(again, first)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 
 from bnfix.checks import check
-from bnfix.checks.tensorflow import Inside, in_loop, reaches, training_mode
+from bnfix.checks.tensorflow import Inside, frozen_in_inference, in_loop, reaches, training_mode
 from bnfix.findings import Applicability, Edit, EditOp, Fix, InsertRows, Span, WrapStatements
 from bnfix.ir import (
     BNSite,
@@ -67,7 +67,8 @@ def _towers(module: ModuleIR) -> Iterator[Finding]:
         sites = [s for s in module.all_bn_sites()
                  if s.api.framework in ("tensorflow", "keras") and not s.api.synced
                  and not s.opt_out and not s.shared_stats
-                 and s.api.kind != "module" and reaches(s, in_loop(tower)) and training_mode(s)]
+                 and s.api.kind != "module" and reaches(s, in_loop(tower)) and training_mode(s)
+                 and not frozen_in_inference(s, module)]
         if not sites:
             continue
         message = (
@@ -121,7 +122,7 @@ def _strategy_scopes(module: ModuleIR) -> Iterator[Finding]:
                     site.api.synced or site.opt_out:
                 continue
             if is_const(site.value("synchronized"), True) or site.weights_only or \
-                    not reaches(site, _in_scope(scope)):
+                    frozen_in_inference(site, module) or not reaches(site, _in_scope(scope)):
                 continue
             reported.add(id(site))
             if site.origin is not None:

@@ -37,8 +37,8 @@ BN009_MESSAGE = (
 
 @check("BN009")
 def keras_trainable_false_is_inference(module: ModuleIR) -> Iterator[Finding]:
-    if _tensorflow(module) < (2, 0):
-        return
+    if _tensorflow(module) < (2, 0) or module.marks_of("loads_weights"):
+        return  # TF1 semantics; or trained weights are loaded: the fine-tuning freeze
     for site in module.all_bn_sites():
         if site.api.trainable_semantics != "inference":
             continue
@@ -128,10 +128,11 @@ def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
             f"`{site.qualname}` ({site.origin.describe()})"
         message = (
             f"Keras 3 {built} in TF1 graph-mode code (`{marker.text}` at line "
-            f"{marker.span.start.row}): the layer builds, but adds no update ops to UPDATE_OPS, "
-            "so its moving mean/variance never change and inference uses their initial values; "
-            "use `tf.compat.v1.layers.batch_normalization` with tf-keras (`pip install tf-keras`, "
-            "TF_USE_LEGACY_KERAS=1), or run the model eagerly"
+            f"{marker.span.start.row}): Keras 3 does not train in graph mode (its `fit` raises "
+            "there), and in a train op a session runs the layer adds no update ops to "
+            "UPDATE_OPS, so its moving mean/variance never change and inference uses their "
+            "initial values; use `tf.compat.v1.layers.batch_normalization` with tf-keras "
+            "(`pip install tf-keras`, TF_USE_LEGACY_KERAS=1), or run the model eagerly"
         )
         fix = Fix(Applicability.DISPLAY_ONLY,
                   "Run TF1 graph code with tf-keras (TF_USE_LEGACY_KERAS=1)")

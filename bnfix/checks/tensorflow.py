@@ -82,6 +82,17 @@ def training_mode(site: BNSite) -> bool:
     return any(not is_const(c.training, False) for c in _contexts(site))
 
 
+def frozen_in_inference(site: BNSite, module: ModuleIR) -> bool:
+    """A Keras BN built with `trainable=False` in every calling context (TF 2): it runs in
+    inference mode whatever `training` says, normalizing with its fixed moving statistics
+    (faster-rcnn-tf2's frozen ResNet backbone), so it needs no synchronization and cancels no
+    bias."""
+    if site.api.trainable_semantics != "inference" or module.tensorflow_target() < (2, 0):
+        return False
+    trainable = site.value("trainable")
+    return all(is_const(b.value(trainable), False) for b in bindings(site.function))
+
+
 @check("BN001")
 def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
     seen: set[Span] = set()  # one finding per `False` written here
@@ -389,6 +400,9 @@ def _bn002_fix(module: ModuleIR, get: CollectionGet, tower: TowerLoop) -> Fix:
             )
             return Fix(UNSAFE, "Collect the UPDATE_OPS of the first tower only", edits)
         return advice
+    if not get.tower_always:  # another path reaches the read without the loop's scope name
+        return Fix(DISPLAY, "Collect UPDATE_OPS from one tower's name scope (the tower loop "
+                            "does not run on every path to this read)", ())
     edits = (*plan.edits, _add_keyword(get.call, plan.name))
     return Fix(UNSAFE, f"Collect the UPDATE_OPS of one tower (`{plan.name}`, the last built)", edits)
 

@@ -4,12 +4,14 @@ undoes (BN102), SyncBN converted after the wrap/optimizer (BN103), a bias right 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.names import is_evaluation
+from bnfix.checks.tensorflow import frozen_in_inference
 from bnfix.findings import (
     Applicability,
     DeleteRows,
@@ -22,8 +24,10 @@ from bnfix.findings import (
 )
 from bnfix.ir import (
     BiasBeforeBN,
+    Binding,
     BNSite,
     CallSite,
+    Condition,
     Const,
     Finding,
     FreezeCall,
@@ -142,8 +146,11 @@ def _bn101_fix(module: ModuleIR, call: ModelCall, target: str) -> Fix:
     function = call.function
     whole = function is not None and (is_evaluation(function) or (
         call.region is not None and call.region.kind == "function"))
-    body = function.body if whole and function is not None else (
-        call.region.body if call.region is not None else None)
+    block = call.region.body if call.region is not None else None
+    body = function.body if whole and function is not None else block
+    bound = call.bound_row
+    if body is not None and bound is not None and body.first_row <= bound:
+        body = block if block is not None and block.first_row > bound else None  # after it
     if body is None:
         return Fix(DISPLAY, f"Call `{target}.eval()` before evaluating (and restore the mode)")
     saved = module.fresh_name("was_training")
@@ -334,6 +341,8 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
         layer, bn = pair.layer, pair.bn
         if (layer.framework == "torch") != (bn.api.framework == "torch"):
             continue
+        if _built_in_no_call(bn) or frozen_in_inference(bn, module):
+            continue  # no model has the BN, or it subtracts a fixed mean: the bias counts
         switched = None  # the block's own parameter that sets the bias, True in some context
         if layer.bias is not None and not is_const(layer.bias.value, True):
             switched = _biased_by_default(layer.bias.value, bn)
@@ -398,11 +407,9 @@ def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | Non
     if not isinstance(value, FromParam) or value.negated:
         return None
     function = value.function
-    switches = [(c, FromParam(function, c.text, None)) for c in bn.conditions
-                if c.text.isidentifier() and c.text in function.params]
+    switches = _switches(bn, function)
     for binding in bindings(function):
-        if any(isinstance(test := binding.value(param), Const) and bool(test.value) == c.negated
-               for c, param in switches):
+        if _unbuilt(binding, switches):
             continue  # in this context the BN is not built (`if is_batchnorm:` is false)
         bound = binding.value(value)
         if is_const(bound, True):
@@ -412,6 +419,40 @@ def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | Non
             how = "by default" if value.name not in site.args else "as passed"
             return value, f"{how} at the call {_site_place(site)}"
     return None
+
+
+def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromParam]]:
+    """The conditions the BN is built under that test a parameter of `function`."""
+    return [(c, FromParam(function, c.text, None)) for c in bn.conditions
+            if c.text.isidentifier() and c.text in function.params]
+
+
+def _unbuilt(binding: Binding, switches: list[tuple[Condition, FromParam]],
+             defaults: bool = True) -> bool:
+    """In this calling context a switch the BN is built under is a constant that is false
+    (`defaults` False: a parameter of an outer function no call reaches is not known)."""
+    return any(isinstance(test := binding.value(param, defaults), Const) and
+               bool(test.value) == c.negated for c, param in switches)
+
+
+def _built_in_no_call(bn: BNSite) -> bool:
+    """The BN sits under a switch parameter (`if batch_norm:`) that every call of the project
+    leaves false (faster-rcnn-pytorch's `make_layers(cfg)` with `batch_norm=False`): no
+    model of the project has it. A function nothing calls keeps its finding (a library's
+    callers pass the switch), and so does one whose callers pass it on from a function
+    nothing calls (swa's `VGG(batch_norm=...)`, built from a `kwargs` dict)."""
+    function = bn.function
+    if function is None or not function.call_sites:
+        return False
+    switches = _switches(bn, function)
+    if not switches:
+        return False
+    contexts = list(itertools.islice(bindings(function, limit=BINDING_LIMIT + 1),
+                                     BINDING_LIMIT + 1))
+    return len(contexts) <= BINDING_LIMIT and all(_unbuilt(b, switches, False) for b in contexts)
+
+
+BINDING_LIMIT = 64  # calling contexts read before giving up (then the finding stays)
 
 
 def _related(pair: BiasBeforeBN) -> tuple[Related, ...]:

@@ -153,7 +153,7 @@ class Worker:
             return Summarised(path, digest, None, False,
                               error=FileResult(path, self.engine._error(path, exc, frozenset()),
                                                digest=digest))
-        relevant = bool(self.engine.summary_triggers.words(decoded.text))
+        relevant = self.engine.summary_triggers.concerns(decoded.text)
         if not (relevant or force):
             return Summarised(path, digest, None, False, stat=before)
         try:

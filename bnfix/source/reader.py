@@ -18,6 +18,7 @@ _PY2_HINTS = (
     (re.compile(r"except\s+[\w.]+\s*,\s*\w+\s*:"), "`except X, e:`"),
     (re.compile(r"^\s*raise\s+[\w.]+\s*,"), "`raise X, msg`"),
     (re.compile(r"\b0[0-7]+\b"), "an old-style octal literal"),
+    (re.compile(r"\b(?:0[xX][0-9a-fA-F]+|\d+)[lL]\b"), "a `long` literal (`10L`)"),
     (re.compile(r"\bur[\"']"), "a `ur''` string"),
     (re.compile(r"<>"), "the `<>` operator"),
     (re.compile(r"`[^`]+`"), "backtick repr"),

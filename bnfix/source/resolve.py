@@ -80,6 +80,7 @@ class Resolver:
         for function in self.w.functions:
             self._resolve_defaults(function)
         self._forwarded = self._forwarding_factories()
+        self._reuse_through_calls()
         self._resolve_call_sites()
         towers = self._towers()
         module = ModuleIR(path=self.path, functions=list(self.w.functions), tower_loops=towers)
@@ -289,6 +290,52 @@ class Resolver:
             value = self.value(expr, None)
             function.params[name] = Param(name, value, self.text.span(expr), param.positional,
                                           param.index)
+
+    def _reuse_through_calls(self) -> None:
+        """A device loop whose towers share variables through a function of this module: the
+        loop calls a helper that opens `variable_scope(..., reuse=<flag>)`, directly or through
+        the module's other functions (PSENet's `tower_loss(images, ..., reuse_variables)`,
+        whose flag the loop sets True after the first tower). A call that passes the flag as
+        False or None does not share."""
+        if not self.w.reuse_scopes or not any(
+                lp.device is not None and not lp.reuse for lp in self.w.loops):
+            return
+        flags: dict[int, str | None] = {}  # reusing function -> its flag parameter, if any
+        for function, flag in self.w.reuse_scopes:
+            name = flag.id if isinstance(flag, ast.Name) and flag.id in function.params else None
+            flags[id(function)] = name if flags.get(id(function), name) == name else None
+        by_name = self._by_name
+        calls = [(raw, self._targets(raw, by_name))
+                 for raw in [*self.w.local_calls, *self.w.chained_calls]]
+        changed = True
+        while changed:  # the module's functions that call a reusing one
+            changed = False
+            for raw, targets in calls:
+                caller = raw.ctx.function
+                if caller is not None and id(caller) not in flags and any(
+                        id(t) in flags for t, _ in targets):
+                    flags[id(caller)] = None
+                    changed = True
+        for raw, targets in calls:
+            if any(id(t) in flags and not self._passes_false(raw, t, bound, flags[id(t)])
+                   for t, bound in targets):
+                for loop in raw.ctx.loops:
+                    if loop.device is not None:
+                        loop.reuse = True
+
+    @staticmethod
+    def _passes_false(raw: RawCall, function: FunctionInfo, bound: bool,
+                      param: str | None) -> bool:
+        """The call gives `function`'s parameter `param` a literal False or None (`bound`:
+        `self` is the first parameter, not passed)."""
+        if param is None:
+            return False
+        spec = function.params[param]
+        value = next((k.value for k in raw.call.keywords if k.arg == param), None)
+        index = spec.index - 1 if bound else spec.index
+        if value is None and spec.positional and 0 <= index < len(raw.call.args):
+            value = raw.call.args[index]
+        return isinstance(value, ast.Constant) and value.value in (False, None)
 
     def _resolve_call_sites(self) -> None:
         """Call sites of the functions that hold BN sites or collect UPDATE_OPS, and of their
@@ -1031,6 +1078,11 @@ class Resolver:
             usage = "accumulate"
         after_scope = bool(inside and tower and tower.name_scope and
                            tower.name_scope.span.start.row <= call.lineno)
+        always = True
+        if tower is not None and not inside:  # the loop under an `if` the read is not under
+            held = {(negated, id(test)) for negated, test in raw.ctx.conditions}
+            loop = self._tower_loop[id(tower)]
+            always = all((negated, id(test)) in held for negated, test in loop.conditions)
         return CollectionGet(
             key=self._collection_key(key_expr) or "",
             scoped=scoped,
@@ -1040,6 +1092,7 @@ class Resolver:
             inside_tower=inside,
             usage=usage,
             row_in_loop_after_scope=after_scope,
+            tower_always=always,
         )
 
     def _collection_key(self, expr: ast.expr | None) -> str | None:
@@ -1132,13 +1185,21 @@ class Resolver:
         return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(call))
 
     def _ema_apply(self, raw: RawCall) -> EmaApply | None:
-        func = raw.call.func
+        """`ema.apply(var_list)`, or an optimizer given an EMA and the variables it averages
+        (`SyncReplicasOptimizer(opt, variable_averages=ema, variables_to_average=...)`)."""
+        call, func = raw.call, raw.call.func
+        keywords = {k.arg: k.value for k in call.keywords if k.arg}
+        if raw.kind == "ema_optimizer":
+            ema = keywords.get("variable_averages")
+            if ema is None or not self._is_ema(ema, raw.ctx, 0):
+                return None
+            arg = keywords.get("variables_to_average")
+            var_list = self._vars_expr(arg, raw.ctx.function) if arg is not None else None
+            return EmaApply(call_info(self.text, call), var_list, raw.ctx.function)
         assert isinstance(func, ast.Attribute)
         if not self._is_ema(func.value, raw.ctx, 0):
             return None
-        call = raw.call
-        arg = call.args[0] if call.args else next(
-            (k.value for k in call.keywords if k.arg == "var_list"), None)
+        arg = call.args[0] if call.args else keywords.get("var_list")
         var_list = self._vars_expr(arg, raw.ctx.function) if arg is not None else None
         return EmaApply(call_info(self.text, call), var_list, raw.ctx.function)
 

@@ -210,6 +210,7 @@ class TorchContext:
         for calls in sites.values():
             f = calls[0][1]
             ordered = sorted((p for p in f.params.values() if p.positional), key=lambda p: p.index)
+            items = self._param_items(f)
             prepared: set[str] | None = None
             for raw, _ in calls:
                 before = {e.target for e in evals if e.function is raw.ctx.function
@@ -217,10 +218,43 @@ class TorchContext:
                 passed = [(p.name, a) for p, a in zip(ordered, raw.call.args)]
                 passed += [(k.arg, k.value) for k in raw.call.keywords if k.arg in f.params]
                 here = {name for name, arg in passed if self._text(arg) in before}
+                given = dict(passed)
+                for local, (param, key) in items.items():
+                    item = self._item(given[param], key, raw.ctx.function) \
+                        if param in given else None
+                    if item is not None and self._text(item) in before:
+                        here.add(local)
                 if "<locals>" in f.qualname:  # a closure sees the caller's names themselves
                     here |= before
                 prepared = here if prepared is None else prepared & here
             f.callers_eval = frozenset(prepared or ())
+
+    def _param_items(self, function: FunctionInfo) -> dict[str, tuple[str, str]]:
+        """Locals taken from a parameter by a constant key, and which: `paraphraser =
+        nets['paraphraser']` (Knowledge-Distillation-Zoo hands its models over in a dict)."""
+        out = {}
+        for (key, name), defs in self.w.defs.items():
+            if key != fkey(function) or len(defs) != 1 or defs[0][0] != "assign":
+                continue
+            value = defs[0][1]
+            if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and \
+                    value.value.id in function.params and \
+                    isinstance(value.slice, ast.Constant) and isinstance(value.slice.value, str):
+                out[name] = (value.value.id, value.slice.value)
+        return out
+
+    def _item(self, arg: ast.expr, key: str, function: FunctionInfo | None) -> ast.expr | None:
+        """The value a dict argument holds under `key`: a literal at the call, or the one
+        definition of the local passed (`nets = {'paraphraser': paraphraser, ...}`)."""
+        if isinstance(arg, ast.Name):
+            defs = self.w.defs.get((fkey(function), arg.id), [])
+            if len(defs) != 1 or defs[0][0] != "assign":
+                return None
+            arg = defs[0][1]
+        if not isinstance(arg, ast.Dict):
+            return None
+        return next((v for k, v in zip(arg.keys, arg.values)
+                     if isinstance(k, ast.Constant) and k.value == key), None)
 
     def _model_call(self, raw: RawCall) -> ModelCall | None:
         func = raw.call.func
@@ -232,7 +266,16 @@ class TorchContext:
             iterates += " " + " ".join(self._text(node.iter) for node in ast.walk(raw.ctx.region)
                                        if isinstance(node, (ast.For, ast.comprehension)))
         return ModelCall(self._text(func), self.text.span(raw.call), raw.ctx.function,
-                         self._region(raw.ctx.region), iterates)
+                         self._region(raw.ctx.region), iterates, self._bound_row(func, raw))
+
+    def _bound_row(self, func: ast.expr, raw: RawCall) -> int | None:
+        """The last row before the call that binds the called name as a local of its function
+        (`paraphraser = nets['paraphraser']`): code put before it cannot use the name."""
+        if not isinstance(func, ast.Name) or raw.ctx.function is None:
+            return None
+        rows = [stmt.lineno for _, _, stmt in self.w.defs.get((fkey(raw.ctx.function), func.id), ())
+                if stmt.lineno < raw.call.lineno]
+        return max(rows) if rows else None
 
     # -- BN freezes ------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ class Loop:
     name_scope: WithItem | None = None
     zip_star: bool = False  # `for grad_and_vars in zip(*tower_grads)`: one entry per tower
     synced: bool = False  # inside `with bnfix.tf1.sync_towers(...)`
+    conditions: tuple[tuple[bool, ast.expr], ...] = ()  # the `if` tests it runs under
 
 
 @dataclass
@@ -175,6 +176,8 @@ class Walker:
         self.group_raw: list[RawCall] = []
         self.run_raw: list[RawCall] = []
         self.apply_raw: list[RawCall] = []
+        # functions that open a variable_scope with reuse, and the reuse value they give it
+        self.reuse_scopes: list[tuple[FunctionInfo, ast.expr]] = []
         self.local_calls: list[RawCall] = []
         # names passed as arguments (`create_clones(cfg, clone_fn)`): a function of the module
         # handed to a helper that calls it back
@@ -451,7 +454,8 @@ class Walker:
         loop = Loop(node, ctx.function, targets, loop_var, zero,
                     reuse=any(w.reuse for w in ctx.withs),
                     zip_star=_is_zip_star(node.iter) or _is_entry_index(node.iter),
-                    synced=any(w.category == "sync_towers" for w in ctx.withs))
+                    synced=any(w.category == "sync_towers" for w in ctx.withs),
+                    conditions=ctx.conditions)
         inner = ctx._replace(loops=(*ctx.loops, loop))
         it = node.iter
         if isinstance(node.target, ast.Name) and isinstance(it, ast.Call) and \
@@ -524,6 +528,8 @@ class Walker:
                 if reuse:
                     for loop in ctx.loops:
                         loop.reuse = True
+                    if ctx.function is not None:  # a helper a tower loop may call (resolver)
+                        self.reuse_scopes.append((ctx.function, flag))
         item_end = self.text.pos(expr.end_lineno, expr.end_col_offset)  # type: ignore[arg-type]
         with_item = WithItem(
             qualname=qual,
@@ -710,6 +716,9 @@ class Walker:
                 self.conds[id(call)] = call
             elif kind == "group":
                 self.group_raw.append(raw)
+            elif kind == "ema_optimizer":
+                raw.kind = kind
+                self.apply_raw.append(raw)
             elif qual in self.vocab.train_helpers:
                 raw.kind = qual.rsplit(".", 1)[-1]
                 self.train_raw.append(raw)
@@ -901,9 +910,10 @@ def _is_zip_star(expr: ast.expr) -> bool:
 
 def _is_entry_index(expr: ast.expr) -> bool:
     """`range(len(tower_grads[0]))`: the index loop that transposes a list of per-tower lists
-    (`[g[i] for g in tower_grads]`), the same walk as `zip(*tower_grads)`."""
+    (`[g[i] for g in tower_grads]`), the same walk as `zip(*tower_grads)`; Python 2's
+    `xrange` (also through `six.moves`) is the same loop."""
     if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and
-            expr.func.id == "range" and len(expr.args) == 1):
+            expr.func.id in ("range", "xrange") and len(expr.args) == 1):
         return False
     inner = expr.args[0]
     return isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and \
