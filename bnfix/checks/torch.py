@@ -4,7 +4,6 @@ undoes (BN102), SyncBN converted after the wrap/optimizer (BN103), a bias right 
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -421,6 +420,9 @@ def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | Non
     return None
 
 
+BINDING_LIMIT = 64  # calling contexts read before giving up (then the finding stays)
+
+
 def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromParam]]:
     """The conditions the BN is built under that test a parameter of `function`."""
     return [(c, FromParam(function, c.text, None)) for c in bn.conditions
@@ -447,12 +449,8 @@ def _built_in_no_call(bn: BNSite) -> bool:
     switches = _switches(bn, function)
     if not switches:
         return False
-    contexts = list(itertools.islice(bindings(function, limit=BINDING_LIMIT + 1),
-                                     BINDING_LIMIT + 1))
+    contexts = list(bindings(function, limit=BINDING_LIMIT + 1))
     return len(contexts) <= BINDING_LIMIT and all(_unbuilt(b, switches, False) for b in contexts)
-
-
-BINDING_LIMIT = 64  # calling contexts read before giving up (then the finding stays)
 
 
 def _related(pair: BiasBeforeBN) -> tuple[Related, ...]:

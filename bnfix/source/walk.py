@@ -913,7 +913,7 @@ def _is_entry_index(expr: ast.expr) -> bool:
     (`[g[i] for g in tower_grads]`), the same walk as `zip(*tower_grads)`; Python 2's
     `xrange` (also through `six.moves`) is the same loop."""
     if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and
-            expr.func.id in ("range", "xrange") and len(expr.args) == 1):
+            expr.func.id in RANGE_NAMES and len(expr.args) == 1):
         return False
     inner = expr.args[0]
     return isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and \
