@@ -36,7 +36,7 @@ from bnfix.source.text import SourceText
 from bnfix.source.walk import Ctx, RawCall, fkey
 
 if TYPE_CHECKING:
-    from bnfix.rulebook import LayerSpec
+    from bnfix.rulebook import ApiSpec, LayerSpec
     from bnfix.source.resolve import Resolver
 
 
@@ -576,7 +576,7 @@ class TorchContext:
                     isinstance(found, BNSite) and found.api.kind == "function":
                 return found
             if isinstance(node.func, ast.Call):
-                return calls.get(id(node.func))
+                return calls.get(id(self._unwrapped(node.func)))
             element = self._element_of(node.func, ctx)  # `self.bns[i](x)`, `bn(x)` from a loop
             if element is not None:
                 return table.get(self._scoped(element, ctx))
@@ -609,6 +609,12 @@ class TorchContext:
         for pair in pairs:  # one per layer: the BN of each branch of an `if` cancels one bias
             unique.setdefault(id(pair.layer), pair)
         return list(unique.values())
+
+    def _unwrapped(self, layer: ast.Call) -> ast.expr:
+        """The layer a wrapper applies (`TimeDistributed(Conv2D(...))`: the Conv2D), else the
+        layer itself."""
+        kind = self.r.vocab.fn_kind.get(self.w.qualname(layer.func) or "")
+        return layer.args[0] if kind == "layer_wrapper" and layer.args else layer
 
     def _containers(self, items: Sequence[tuple[RawCall, object | None]]) -> dict[str, object]:
         """The elements of container attributes (`self.mlp_convs.append(nn.Conv2d(...))` in a
@@ -666,20 +672,36 @@ class TorchContext:
         (`def _bn_relu(x): norm = BatchNormalization()(x)`, then an activation): a call
         `_bn_relu(conv)` puts `conv` straight into that BN."""
         out: dict[str, BNSite] = {}
+        specs = {id(raw.call): spec for raw, spec in self.w.bn_raw}
         for node in self.w.tree.body:
             if not isinstance(node, ast.FunctionDef) or not node.args.args:
                 continue
             body = [s for s in node.body if not docstring(s)]
             first = body[0] if body else None
             value = first.value if isinstance(first, (ast.Assign, ast.Return)) else None
-            if not (isinstance(value, ast.Call) and len(value.args) == 1 and
-                    isinstance(value.args[0], ast.Name) and
-                    value.args[0].id == node.args.args[0].arg):
+            if not isinstance(value, ast.Call):
+                continue
+            given = self._bn_input(value, specs)
+            if not (isinstance(given, ast.Name) and given.id == node.args.args[0].arg):
                 continue
             site = bn_of(value)
             if isinstance(site, BNSite):
                 out[node.name] = site
         return out
+
+    @staticmethod
+    def _bn_input(call: ast.Call, specs: dict[int, ApiSpec]) -> ast.expr | None:
+        """What a BN call normalizes: its one positional argument, or the keyword of the API's
+        input parameter (`tf.contrib.layers.batch_norm(inputs=x, ...)`, `BN()(inputs=x)`)."""
+        if call.args:
+            return call.args[0] if len(call.args) == 1 else None
+        spec = specs.get(id(call))
+        params = spec.params if spec is not None else ()
+        if spec is None and isinstance(call.func, ast.Call):  # a layer object applied
+            spec = specs.get(id(call.func))
+            params = spec.call_params if spec is not None else ()
+        name = params[0] if params else None
+        return next((k.value for k in call.keywords if name is not None and k.arg == name), None)
 
     def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """The runs of items a `Sequential(...)` call chains, each run in order: its arguments,
@@ -698,6 +720,9 @@ class TorchContext:
         only = args[0].value if isinstance(args[0], ast.Starred) else args[0]
         if isinstance(only, (ast.List, ast.Tuple)):
             return [list(only.elts)]
+        named = self._named_modules(only)
+        if named is not None:
+            return [named]
         if not (isinstance(args[0], ast.Starred) and isinstance(only, ast.Name)):
             return [list(args)]
         runs: list[list[ast.expr]] = []
@@ -719,6 +744,18 @@ class TorchContext:
                 runs.append(list(value.elts))
         return runs
 
+    def _named_modules(self, arg: ast.expr) -> list[ast.expr] | None:
+        """The modules of `OrderedDict([('conv', nn.Conv2d(...)), ('bn', ...)])`, in order: a
+        `Sequential` given one names its modules (HRank's VGG classifier)."""
+        if not (isinstance(arg, ast.Call) and len(arg.args) == 1 and
+                self.w.qualname(arg.func) == "collections.OrderedDict" and
+                isinstance(arg.args[0], (ast.List, ast.Tuple))):
+            return None
+        pairs = arg.args[0].elts
+        if not all(isinstance(p, ast.Tuple) and len(p.elts) == 2 for p in pairs):
+            return None
+        return [p.elts[1] for p in pairs]  # type: ignore[attr-defined]
+
     def _added_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """`seq = keras.Sequential()` then `seq.add(Conv2D(...))`, `seq.add(BN())`: the items
         of the `.add()` / `.add_module()` statements that follow each other in the block after
@@ -733,7 +770,8 @@ class TorchContext:
 
     def _runs_in(self, stmts: list[ast.stmt], target: str) -> list[list[ast.expr]]:
         """The runs of `.add()` items on `target` in `stmts`, up to a statement that binds the
-        name to something else (nothing after it adds to the same object)."""
+        name to something else (nothing after it adds to the same object); in the body of a
+        loop or `with`, and in each branch of an `if`, those that follow each other there."""
         runs: list[list[ast.expr]] = []
         run: list[ast.expr] = []
         for stmt in stmts:
@@ -753,8 +791,10 @@ class TorchContext:
                 run = []
             if _binds(stmt, target.split(".", 1)[0]) and not target.startswith("self."):
                 return runs  # the name holds something else from here on
-            if isinstance(stmt, (ast.For, ast.While)):
+            if isinstance(stmt, (ast.For, ast.While, ast.With)):
                 runs += self._runs_in(stmt.body, target)
+            elif isinstance(stmt, ast.If):  # each branch's adds follow each other on its path
+                runs += self._runs_in(stmt.body, target) + self._runs_in(stmt.orelse, target)
         if run:
             runs.append(run)
         return runs
