@@ -831,7 +831,8 @@ class Resolver:
     def _builders_of(self, name: str, function: FunctionInfo | None, depth: int
                      ) -> tuple[Builder, ...]:
         """The calls that build what `name` holds in `function`: its assignments there, else
-        the module's, else (a parameter) what the callers here pass, `depth` levels up."""
+        (a closure) the enclosing functions', else the module's, else (a parameter) what the
+        callers here pass, `depth` levels up."""
         if function is not None and name in function.params:
             out: list[Builder] = []
             for site in function.call_sites if depth > 0 else ():
@@ -845,6 +846,14 @@ class Resolver:
                     out.extend(self._built([("assign", call, call)]))  # type: ignore[list-item]
             return tuple(out)
         local = self.w.defs.get((fkey(function), name), ()) if function is not None else ()
+        outer = function
+        while not local and outer is not None and "<locals>" in outer.qualname:
+            # a closure's free name: what the enclosing function binds (tensorflow/gan's
+            # ESRGAN `train_step` runs the `discriminator` its `train` builds)
+            outer = self.w.by_qualname().get(outer.qualname.rsplit(".<locals>.", 1)[0])
+            if outer is not None and name in outer.params:
+                return self._builders_of(name, outer, depth)
+            local = self.w.defs.get((fkey(outer), name), ()) if outer is not None else ()
         return self._built(local or self.w.defs.get((0, name), ()))
 
     def _built(self, defs: Sequence[tuple[str, ast.expr, ast.stmt]], depth: int = 2

@@ -706,7 +706,8 @@ class TorchContext:
     def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """The runs of items a `Sequential(...)` call chains, each run in order: its arguments,
         a list it is given (`keras.Sequential([...])`, `nn.Sequential(*[...])`), or a local list
-        it unpacks (`nn.Sequential(*layers)`) as the function builds it: each list literal
+        it unpacks or is given (`nn.Sequential(*layers)`, `keras.Sequential(layers)`) as the
+        function builds it: each list literal
         assigned or added (`layers += [conv, bn]`, `.extend([...])`) is a run, and so are
         `.append(x)` statements that follow each other in one block. Items of different runs
         are not known to be adjacent (a loop or a branch may come between). An empty one
@@ -723,7 +724,7 @@ class TorchContext:
         named = self._named_modules(only)
         if named is not None:
             return [named]
-        if not (isinstance(args[0], ast.Starred) and isinstance(only, ast.Name)):
+        if not isinstance(only, ast.Name):  # `nn.Sequential(*layers)`, `keras.Sequential(layers)`
             return [list(args)]
         runs: list[list[ast.expr]] = []
         last_append: ast.stmt | None = None
