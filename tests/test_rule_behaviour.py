@@ -222,3 +222,16 @@ def test_bn002_after_a_tower_loop_on_one_branch_only_is_display_only():
             return update_ops, grads
     """, ["BN002"])
     assert fixable.fix.applicability is Applicability.UNSAFE
+
+
+def test_bn104_fix_is_display_only_where_biases_are_looked_up_by_name():
+    """few-shot's MAML: `functional_forward` reads `weights[f'conv{block}.0.bias']`; dropping
+    the conv's bias made it raise KeyError (a wrong fix of the eighteenth survey)."""
+    book = load_rulebook()
+    (example,) = [e for e in book.rules["BN104"].examples if "looks the bias up by name" in e.name]
+    (finding,) = check_source(example.source, "models.py", select=["BN104"])
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "reads bias parameters by name (for instance at line 14)" in finding.fix.message
+    plain = example.source.split("\n\ndef functional_conv_block", 1)[0] + "\n"
+    (fixable,) = check_source(plain, "models.py", select=["BN104"])
+    assert fixable.fix.applicability is Applicability.UNSAFE

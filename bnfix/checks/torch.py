@@ -388,6 +388,13 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
                                "statistics that absorbed it) would no longer load strictly")
             yield Finding("BN104", layer.call.span, message, fix, _related(pair))
             continue
+        by_name = module.marks_of("bias_by_name")
+        if by_name:
+            fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only where no code looks it up: "
+                               f"the project reads bias parameters by name (for instance at "
+                               f"{by_name[0].where()}), and a dropped bias breaks that lookup")
+            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
+            continue
         if layer.bias is not None:
             edit = Edit(layer.bias.value_span, "False")
         elif layer.call.args_end is None:

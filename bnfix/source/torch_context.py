@@ -540,19 +540,24 @@ class TorchContext:
             table.update(self._containers(items))
         pairs: list[BiasBeforeBN] = []
 
+        def named(item: ast.expr | None) -> str | None:
+            """A name or `self.<attr>` an item of a chain refers to."""
+            return item.id if isinstance(item, ast.Name) else \
+                _self_attr(item) if item is not None else None
+
         def bn_of(item: ast.expr | None, ctx: Ctx) -> BNSite | None:
             if isinstance(item, ast.Call):
                 return bn_calls.get(id(item))
-            return bn_targets.get(self._scoped(item.id, ctx)) \
-                if isinstance(item, ast.Name) else None
+            name = named(item)
+            return bn_targets.get(self._scoped(name, ctx)) if name else None
 
         for raw in self.w.sequential_raw:
             runs = self._sequence_runs(raw)
             for run in runs:
                 for first, second in itertools.pairwise(run):
+                    name = named(first)
                     layer = layers.get(id(first)) if isinstance(first, ast.Call) else \
-                        layer_targets.get(self._scoped(first.id, raw.ctx)) \
-                        if isinstance(first, ast.Name) else None
+                        layer_targets.get(self._scoped(name, raw.ctx)) if name else None
                     bn = bn_of(second, raw.ctx)
                     if layer is None or bn is None:
                         continue
@@ -706,8 +711,8 @@ class TorchContext:
     def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """The runs of items a `Sequential(...)` call chains, each run in order: its arguments,
         a list it is given (`keras.Sequential([...])`, `nn.Sequential(*[...])`), or a local list
-        it unpacks or is given (`nn.Sequential(*layers)`, `keras.Sequential(layers)`) as the
-        function builds it: each list literal
+        (or a list attribute of the class) it unpacks or is given (`nn.Sequential(*layers)`,
+        `keras.Sequential(layers)`, `nn.Sequential(*self.layers)`) as the code builds it: each list literal
         assigned or added (`layers += [conv, bn]`, `.extend([...])`) is a run, and so are
         `.append(x)` statements that follow each other in one block. Items of different runs
         are not known to be adjacent (a loop or a branch may come between). An empty one
@@ -724,11 +729,17 @@ class TorchContext:
         named = self._named_modules(only)
         if named is not None:
             return [named]
-        if not isinstance(only, ast.Name):  # `nn.Sequential(*layers)`, `keras.Sequential(layers)`
+        held = _self_attr(only)
+        if isinstance(only, ast.Name):  # `nn.Sequential(*layers)`, `keras.Sequential(layers)`
+            defs = self.w.defs.get((fkey(raw.ctx.function), only.id), ())
+        elif held is not None:  # `nn.Sequential(*self.parametrized_layers)` (CloserLookFewShot)
+            owner = raw.ctx.function.class_name if raw.ctx.function else raw.ctx.class_name
+            defs = self.w.defs.get((0, f"{owner}.{held.removeprefix('self.')}"), ())
+        else:
             return [list(args)]
         runs: list[list[ast.expr]] = []
         last_append: ast.stmt | None = None
-        for kind, value, stmt in self.w.defs.get((fkey(raw.ctx.function), only.id), ()):
+        for kind, value, stmt in defs:
             appended = kind == "accumulate" and isinstance(stmt, ast.Expr) and \
                 isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute) \
                 and stmt.value.func.attr == "append"

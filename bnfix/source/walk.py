@@ -621,6 +621,8 @@ class Walker:
                         self._note_division(node.left, node.right, ctx)  # type: ignore[attr-defined]
                     elif self._reciprocal(node.left, ctx):  # type: ignore[attr-defined]
                         self._note_division(node.right, node.left, ctx)  # type: ignore[attr-defined]
+            elif kind is ast.Subscript and _names_bias(node.slice):  # type: ignore[attr-defined]
+                self.marks.append(("bias_by_name", node, ctx))  # type: ignore[arg-type]
             elif kind is ast.NamedExpr and isinstance(node.target, ast.Name):  # type: ignore[attr-defined]
                 self.names.add(node.target.id)  # type: ignore[attr-defined]
                 self.defs[(key, node.target.id)].append(("assign", node.value, stmt))  # type: ignore[attr-defined]
@@ -900,6 +902,15 @@ def _guard(test: ast.expr) -> tuple[str, ast.expr] | None:
 
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _names_bias(key: ast.expr) -> bool:
+    """A subscript key that names a bias parameter by its state-dict name (`'fc.bias'`,
+    `f'conv{block}.0.bias'`): code that looks parameters up by name needs the bias to exist."""
+    if isinstance(key, ast.JoinedStr) and key.values:
+        key = key.values[-1]
+    return isinstance(key, ast.Constant) and isinstance(key.value, str) and \
+        key.value.endswith(".bias")
 
 
 def _is_zip_star(expr: ast.expr) -> bool:
