@@ -710,10 +710,10 @@ class TorchContext:
 
     def _sequence_runs(self, raw: RawCall) -> list[list[ast.expr]]:
         """The runs of items a `Sequential(...)` call chains, each run in order: its arguments,
-        a list it is given (`keras.Sequential([...])`, `nn.Sequential(*[...])`), or a local list
-        (or a list attribute of the class) it unpacks or is given (`nn.Sequential(*layers)`,
-        `keras.Sequential(layers)`, `nn.Sequential(*self.layers)`) as the code builds it: each list literal
-        assigned or added (`layers += [conv, bn]`, `.extend([...])`) is a run, and so are
+        a list it is given (`keras.Sequential([...])`, `nn.Sequential(*[...])`), the modules of
+        an `OrderedDict`, or a local list (or a list attribute of the class) it unpacks or is
+        given (`nn.Sequential(*layers)`, `keras.Sequential(layers)`, `nn.Sequential(*self.layers)`)
+        as the code builds it: each list literal assigned or added (`layers += [conv, bn]`, `.extend([...])`) is a run, and so are
         `.append(x)` statements that follow each other in one block. Items of different runs
         are not known to be adjacent (a loop or a branch may come between). An empty one
         assigned to a name is filled by the `.add(layer)` / `.add_module(name, module)`
