@@ -1,5 +1,6 @@
 """TF1 training-graph rules: the four bugs of seed 000 (BN001-BN004), summed tower gradients
-(BN005) and a training flag that is not passed on (BN010)."""
+(BN005), a training flag that is not passed on (BN010), and an argument passed by position
+into the wrong BN parameter (BN013, every framework)."""
 
 from __future__ import annotations
 
@@ -807,3 +808,65 @@ def _bn010_fix(module: ModuleIR, arg: Arg, flag: str, function: FunctionInfo,
     if train is None:
         return Fix(DISPLAY, "Pass `mode == tf.estimator.ModeKeys.TRAIN`", ())
     return Fix(UNSAFE, f"Pass `mode == {train}`", (Edit(arg.value_span, f"mode == {train}"),))
+
+
+# ---------------------------------------------------------------------------------------------
+# BN013 misplaced-positional-argument
+
+
+@check("BN013")
+def misplaced_positional_argument(module: ModuleIR) -> Iterator[Finding]:
+    # what the module passes as a BN's training flag: at its own BN calls, and to the
+    # project's functions that build one (`conv_bn(x, ..., self.training)`)
+    flags = {a.value_text for s in module.bn_sites
+             if (a := s.args.get("training")) is not None and a.keyword}
+    flags |= {text for s in module.reached_sites
+              if (text := getattr(s.bound.get("training"), "text", None))}
+    for site in module.bn_sites:
+        canonical = {id(a): key for key, a in site.args.items()}
+        positional = sorted((a for a in site.args.values() if not a.keyword),
+                            key=lambda a: a.span.start)
+        for arg in positional:
+            why = _misplaced(site, canonical[id(arg)], arg, positional, flags)
+            if why is None:
+                continue
+            message = (
+                f"`{site.call.callee}(...)` receives `{arg.value_text}` by position as its "
+                f"`{arg.name}`: {why}"
+            )
+            flag = why == TRAINING_IN_AXIS and arg is positional[-1]  # no positional after it
+            fix = Fix(UNSAFE, f"Pass it as `training={arg.value_text}`",
+                      (Edit(arg.value_span, f"training={arg.value_text}"),)) if flag else \
+                Fix(DISPLAY, "Pass the value by keyword to the parameter it was meant for", ())
+            yield Finding("BN013", arg.span, message, fix)
+
+
+TRAINING_IN_AXIS = (
+    "that is the training flag, so the layer normalizes over another axis in each mode and "
+    "`training` keeps its default (False: batch statistics are never used or updated); pass it "
+    "as `training=`"
+)
+
+
+def _misplaced(site: BNSite, param: str, arg: Arg, positional: list[Arg],
+               flags: set[str]) -> str | None:
+    """Why a positional argument cannot be meant for the parameter it lands in (`param`, in
+    bnfix's vocabulary: `epsilon` for torch's `eps`), if it cannot."""
+    value, first = arg.value, positional[0]
+    if isinstance(value, Const) and isinstance(value.value, bool) and \
+            param in ("epsilon", "axis", "momentum"):
+        return (f"a boolean there is read as the number {int(value.value)}; it was meant for "
+                "another parameter (`training`, `affine`, `center`/`scale`): pass it by keyword")
+    if param == "epsilon":
+        if arg is not first and arg.value_text == first.value_text:
+            return (f"the same value as its `{first.name}`: each variance gets that much added "
+                    "before the square root, so the layer barely normalizes (the second "
+                    "positional argument of `nn.BatchNorm2d` is `eps`, not the channel count)")
+        if isinstance(value, Const) and isinstance(value.value, (int, float)) and value.value >= 1:
+            return ("an epsilon of 1 or more swamps the variance (the default is 1e-5 or 1e-3), "
+                    "so the layer barely normalizes; it was meant for another parameter")
+    if param == "axis" and (arg.value_text in flags or (
+            isinstance(value, FromParam) and site.function is not None and
+            value.name == site.function.training_flag)):
+        return TRAINING_IN_AXIS
+    return None

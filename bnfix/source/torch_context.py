@@ -587,16 +587,19 @@ class TorchContext:
                 return table.get(self._scoped(element, ctx))
             return table.get(self._scoped(self._text(node.func), ctx))
 
+        specs = {id(raw.call): spec for raw, spec in self.w.bn_raw}
         helpers = self._normalizing_helpers(
-            lambda node: applied(node, Ctx(), bn_targets, bn_calls))
+            lambda node: applied(node, Ctx(), bn_targets, bn_calls), specs)
         functional = [raw for raw, spec in self.w.bn_raw if spec.kind == "function"]
         for raw in self.w.local_calls + self.w.attr_calls + self.w.indexed_calls + functional:
             site = applied(raw.call, raw.ctx, bn_targets, bn_calls)
             if site is None and isinstance(raw.call.func, ast.Name):
                 site = helpers.get(raw.call.func.id)  # `_bn_relu(conv)`
-            if site is None or not raw.call.args:
-                continue
-            inner = applied(raw.call.args[0], raw.ctx, layer_targets, layers)
+            given = raw.call.args[0] if raw.call.args else \
+                self._bn_input(raw.call, specs) if site is not None else None
+            if site is None or given is None:
+                continue  # the input as the API's keyword: `batch_normalization(inputs=x, ...)`
+            inner = applied(given, raw.ctx, layer_targets, layers)
             if isinstance(inner, BiasedLayer):
                 pairs.append(BiasBeforeBN(inner, site, "nested"))  # type: ignore[arg-type]
                 continue
@@ -605,7 +608,7 @@ class TorchContext:
                 return isinstance(stmt, ast.Assign) and \
                     applied(stmt.value, ctx, bn_targets, bn_calls) is not None
 
-            previous = self._previous_assignment(raw, bn_step)
+            previous = self._previous_assignment(raw, given, bn_step)
             if previous is not None:
                 inner = applied(previous, raw.ctx, layer_targets, layers)
                 if isinstance(inner, BiasedLayer):
@@ -671,13 +674,12 @@ class TorchContext:
                         return _self_attr(iterable)
         return None
 
-    def _normalizing_helpers(self, bn_of: Callable[[ast.expr], object | None]
-                             ) -> dict[str, BNSite]:
+    def _normalizing_helpers(self, bn_of: Callable[[ast.expr], object | None],
+                             specs: dict[int, ApiSpec]) -> dict[str, BNSite]:
         """Module-level functions whose first statement applies a BN to their first parameter
         (`def _bn_relu(x): norm = BatchNormalization()(x)`, then an activation): a call
         `_bn_relu(conv)` puts `conv` straight into that BN."""
         out: dict[str, BNSite] = {}
-        specs = {id(raw.call): spec for raw, spec in self.w.bn_raw}
         for node in self.w.tree.body:
             if not isinstance(node, ast.FunctionDef) or not node.args.args:
                 continue
@@ -811,20 +813,20 @@ class TorchContext:
             runs.append(run)
         return runs
 
-    def _previous_assignment(self, raw: RawCall,
+    def _previous_assignment(self, raw: RawCall, given: ast.expr,
                              bn_step: Callable[[ast.stmt], bool]) -> ast.expr | None:
         """`x = self.conv(x)` before `x = self.bn(x)` (or `return self.bn(x)`, or the BN call
         inside the statement: `lrelu(tf.layers.batch_normalization(x))`) in the same block: the
-        value last assigned to the name this call takes. Statements between that do not assign the name
-        (`channel_axis = ...`, `identity = x`) do not separate the two; one that assigns it,
-        anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
+        value last assigned to the name this call takes (`given`). Statements between that do
+        not assign the name (`channel_axis = ...`, `identity = x`) do not separate the two; one
+        that assigns it, anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
         when the other branch starts with a BN too (`bn_step`: `if sync: x = SyncBN()(x)
         else: x = BN()(x)`); with one branch only, the bias survives on the other path."""
         stmt, call = raw.stmt, raw.call
-        if not (isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) and call.args and
-                isinstance(call.args[0], ast.Name)) or _conditional(stmt, call):
+        if not (isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) and
+                isinstance(given, ast.Name)) or _conditional(stmt, call):
             return None
-        name = call.args[0].id
+        name = given.id
         while True:
             for before in reversed(self.w.preceding(stmt)):
                 if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
