@@ -676,15 +676,15 @@ class TorchContext:
 
     def _normalizing_helpers(self, bn_of: Callable[[ast.expr], object | None],
                              specs: dict[int, ApiSpec]) -> dict[str, BNSite]:
-        """Module-level functions whose first statement applies a BN to their first parameter
-        (`def _bn_relu(x): norm = BatchNormalization()(x)`, then an activation): a call
-        `_bn_relu(conv)` puts `conv` straight into that BN."""
+        """Module-level functions whose first statement that reads their first parameter
+        applies a BN to it (`def _bn_relu(x): norm = BatchNormalization()(x)`, then an
+        activation; statements before it that neither read the parameter nor return may set
+        up the BN's arguments): a call `_bn_relu(conv)` puts `conv` straight into that BN."""
         out: dict[str, BNSite] = {}
         for node in self.w.tree.body:
             if not isinstance(node, ast.FunctionDef) or not node.args.args:
                 continue
-            body = [s for s in node.body if not docstring(s)]
-            first = body[0] if body else None
+            first = _first_use(node, node.args.args[0].arg)
             value = first.value if isinstance(first, (ast.Assign, ast.Return)) else None
             if not isinstance(value, ast.Call):
                 continue
@@ -938,6 +938,21 @@ def _binds(stmt: ast.stmt, name: str) -> bool:
         if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
             return True
     return False
+
+
+def _first_use(function: ast.FunctionDef, param: str) -> ast.stmt | None:
+    """The first statement of `function` that mentions `param`, when every statement before
+    it (the docstring aside) neither mentions it nor returns or raises (CasiaFan's
+    `bn_with_relu` picks its gamma initializer first)."""
+    for stmt in function.body:
+        if docstring(stmt):
+            continue
+        nodes = list(ast.walk(stmt))
+        if any(isinstance(n, ast.Name) and n.id == param for n in nodes):
+            return stmt
+        if any(isinstance(n, (ast.Return, ast.Raise)) for n in nodes):
+            return None
+    return None
 
 
 def _self_attr(expr: ast.expr) -> str | None:
