@@ -365,9 +365,8 @@ def _require(data: dict[str, Any], key: str, path: Path) -> Any:
 
 
 DOC_KEYS = frozenset(RuleDocs._fields)
-RULE_KEYS = frozenset({"code", "name", "summary", "severity", "fix", "frameworks", "triggers",
-                       "requires", "in-tests", "docs", "examples", "target", "project",
-                       "default"})
+# a rule file's keys are the Rule's fields, spelled as in TOML (`in-tests`), its path aside
+RULE_KEYS = frozenset(f.replace("_", "-") for f in Rule._fields) - {"path"}
 
 
 def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) -> Rule:

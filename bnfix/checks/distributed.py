@@ -9,7 +9,8 @@ import re
 from collections.abc import Iterator
 
 from bnfix.checks import check
-from bnfix.checks.tensorflow import Inside, frozen_in_inference, in_loop, reaches, training_mode
+from bnfix.checks.keras import frozen_in_inference
+from bnfix.checks.tensorflow import Inside, in_loop, reaches, training_mode
 from bnfix.findings import Applicability, Edit, EditOp, Fix, InsertRows, Span, WrapStatements
 from bnfix.ir import (
     BNSite,

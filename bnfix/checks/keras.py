@@ -16,6 +16,7 @@ from bnfix.ir import (
     ModuleIR,
     Related,
     TapeCall,
+    Value,
     bindings,
     is_const,
 )
@@ -74,14 +75,26 @@ def keras_trainable_false_is_inference(module: ModuleIR) -> Iterator[Finding]:
         yield Finding("BN009", assignment.span, BN009_MESSAGE.format(what=what), fix)
 
 
+def _trainable_values(site: BNSite) -> Iterator[Value | None]:
+    """What the layer's `trainable` is in each calling context."""
+    value = site.value("trainable")
+    return (binding.value(value) for binding in bindings(site.function))
+
+
 def _frozen_by(site: BNSite) -> Const | None:
     """The literal `False` that reaches the layer's `trainable` in some calling context."""
-    value = site.value("trainable")
-    for binding in bindings(site.function):
-        bound = binding.value(value)
-        if isinstance(bound, Const) and is_const(bound, False):
-            return bound
-    return None
+    return next((v for v in _trainable_values(site)
+                 if isinstance(v, Const) and is_const(v, False)), None)
+
+
+def frozen_in_inference(site: BNSite, module: ModuleIR) -> bool:
+    """A Keras BN built with `trainable=False` in every calling context (TF 2): it runs in
+    inference mode whatever `training` says, normalizing with its fixed moving statistics
+    (faster-rcnn-tf2's frozen ResNet backbone), so it needs no synchronization (BN006) and
+    cancels no bias (BN104)."""
+    if site.api.trainable_semantics != "inference" or _tensorflow(module) < (2, 0):
+        return False
+    return all(is_const(v, False) for v in _trainable_values(site))
 
 
 def _keras3(site: BNSite, module: ModuleIR) -> bool:

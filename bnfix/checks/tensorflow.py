@@ -83,17 +83,6 @@ def training_mode(site: BNSite) -> bool:
     return any(not is_const(c.training, False) for c in _contexts(site))
 
 
-def frozen_in_inference(site: BNSite, module: ModuleIR) -> bool:
-    """A Keras BN built with `trainable=False` in every calling context (TF 2): it runs in
-    inference mode whatever `training` says, normalizing with its fixed moving statistics
-    (faster-rcnn-tf2's frozen ResNet backbone), so it needs no synchronization and cancels no
-    bias."""
-    if site.api.trainable_semantics != "inference" or module.tensorflow_target() < (2, 0):
-        return False
-    trainable = site.value("trainable")
-    return all(is_const(b.value(trainable), False) for b in bindings(site.function))
-
-
 @check("BN001")
 def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
     seen: set[Span] = set()  # one finding per `False` written here
@@ -834,14 +823,15 @@ def misplaced_positional_argument(module: ModuleIR) -> Iterator[Finding]:
                 f"`{site.call.callee}(...)` receives `{arg.value_text}` by position as its "
                 f"`{arg.name}`: {why}"
             )
-            flag = why == TRAINING_IN_AXIS and arg is positional[-1]  # no positional after it
+            # a flag in `axis` moves to `training=` when no positional argument follows it
+            movable = why is TRAINING_IN_AXIS and arg is positional[-1]
             fix = Fix(UNSAFE, f"Pass it as `training={arg.value_text}`",
-                      (Edit(arg.value_span, f"training={arg.value_text}"),)) if flag else \
+                      (Edit(arg.value_span, f"training={arg.value_text}"),)) if movable else \
                 Fix(DISPLAY, "Pass the value by keyword to the parameter it was meant for", ())
             yield Finding("BN013", arg.span, message, fix)
 
 
-TRAINING_IN_AXIS = (
+TRAINING_IN_AXIS = (  # also how the check knows the case (by identity)
     "that is the training flag, so the layer normalizes over another axis in each mode and "
     "`training` keeps its default (False: batch statistics are never used or updated); pass it "
     "as `training=`"

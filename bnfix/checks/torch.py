@@ -9,8 +9,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from bnfix.checks import check
+from bnfix.checks.keras import frozen_in_inference
 from bnfix.checks.names import is_evaluation
-from bnfix.checks.tensorflow import frozen_in_inference
 from bnfix.findings import (
     Applicability,
     DeleteRows,
