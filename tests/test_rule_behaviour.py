@@ -235,3 +235,20 @@ def test_bn104_fix_is_display_only_where_biases_are_looked_up_by_name():
     plain = example.source.split("\n\ndef functional_conv_block", 1)[0] + "\n"
     (fixable,) = check_source(plain, "models.py", select=["BN104"])
     assert fixable.fix.applicability is Applicability.UNSAFE
+
+
+def test_bn006_conversion_is_display_only_where_the_project_tests_plain_bn_classes():
+    """bts: `bn_init_as_tf` freezes `isinstance(m, nn.BatchNorm2d)` modules after each
+    evaluation; converted to SyncBatchNorm they no longer pass the test and the frozen BN
+    trains again (a wrong fix of the twentieth survey). The `isinstance` in `__init__` (run
+    before any conversion) alone leaves the fix unsafe."""
+    book = load_rulebook()
+    (example,) = [e for e in book.rules["BN006"].examples if "bn_init_as_tf" in e.name]
+    (finding,) = check_source(example.source, "train.py", select=["BN006"])
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "`isinstance` tests of plain BN classes (for instance at line 17)" in finding.fix.message
+    construction_only = example.source.replace("    if isinstance(m, nn.BatchNorm2d):\n        m.eval()",
+                                               "    m.eval()")
+    (fixable,) = check_source(construction_only, "train.py", select=["BN006"])
+    assert fixable.fix.applicability is Applicability.UNSAFE
+    assert fixable.fix.message.startswith("Convert BN to SyncBatchNorm before the wrap (")

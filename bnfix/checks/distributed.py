@@ -237,7 +237,7 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
     if module.loader_batch is not None and module.loader_batch >= SOUND_BATCH:
         return  # each process's batch is large enough for sound statistics: plain BN is the recipe
     for wrap in (s for s in module.model_steps if s.kind == "model_wrap" and s.replicas):
-        if _converted_by_callers(wrap):
+        if _converted_by_callers(wrap) or _bn_kept_in_eval(module, wrap):
             continue
         what = wrap.call.callee
         message = (
@@ -246,6 +246,21 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
             "them to SyncBatchNorm before the wrap"
         )
         yield Finding("BN006", wrap.call.span, message, _torch_fix(module, wrap))
+
+
+def _bn_kept_in_eval(module: ModuleIR, wrap: ModelStep) -> bool:
+    """The function puts the BN modules in eval mode before the wrap (`for m in
+    model.modules(): if isinstance(m, nn.BatchNorm2d): m.eval()`) and nothing of the file, nor
+    of a file that calls the function, puts a model back in train mode: BN normalizes with its
+    running statistics, there are no batch statistics to synchronize (suncet's fine-tuning)."""
+    function = wrap.function
+    if not any(m.kind == "eval" and m.bn_guarded and m.function is function
+               and m.statement.first_row < wrap.statement.first_row for m in module.mode_calls):
+        return False
+    if any(m.kind == "train" for m in module.mode_calls):
+        return False
+    return not any(fact.startswith("train:") for site in
+                   (function.call_sites if function is not None else ()) for fact in site.facts)
 
 
 def _converted_by_callers(wrap: ModelStep) -> bool:
@@ -266,6 +281,14 @@ def _torch_fix(module: ModuleIR, wrap: ModelStep) -> Fix:
     match = MOVED.match(wrap.target)
     if match is None:
         return Fix(DISPLAY, f"Convert the model's BN with `{TORCH_SYNC}` before the wrap")
+    tests = module.marks_of("bn_isinstance")
+    if tests:
+        return Fix(DISPLAY, f"Convert the model's BN with `{TORCH_SYNC}` before the wrap, once "
+                            f"the project's `isinstance` tests of plain BN classes (for instance "
+                            f"at {tests[0].where()}) also accept `torch.nn.SyncBatchNorm` (test "
+                            "`torch.nn.modules.batchnorm._BatchNorm`): the converted layers no "
+                            "longer pass them, so what they do (freeze, re-initialise, group) "
+                            "would silently stop")
     model = match["model"]
     steps = [s for s in module.model_steps
              if s.function is wrap.function and s.kind in ("model_wrap", "optimizer")
@@ -284,5 +307,7 @@ def _torch_fix(module: ModuleIR, wrap: ModelStep) -> Fix:
            "only: on CPU/gloo it raises, where `bnfix.torch.convert_sync` works)")
     insert = InsertRows(first.statement.first_row, first.statement.indent,
                         ((0, f"{model} = {name}({model})"),))
-    return Fix(UNSAFE, f"Convert BN to SyncBatchNorm before the wrap and the optimizer{why}; {COST}",
+    before = "the wrap and the optimizer" if any(s.kind == "optimizer" for s in steps) \
+        else "the wrap"
+    return Fix(UNSAFE, f"Convert BN to SyncBatchNorm before {before}{why}; {COST}",
                (*imports, insert))

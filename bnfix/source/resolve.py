@@ -125,7 +125,8 @@ class Resolver:
         module.backends = _backends(self.text.text)
         module.marks = [Mark(kind, self.text.span(node), None,
                              ctx.function.qualname if ctx.function else None)
-                        for kind, node, ctx in self.w.marks]
+                        for kind, node, ctx in self.w.marks
+                        if kind != "bn_isinstance" or not self._at_construction(ctx.function)]
         module.marks += [Mark("ema_restore", self.text.span(raw.call), None,
                               raw.ctx.function.qualname if raw.ctx.function else None)
                          for raw in self.w.restore_raw
@@ -347,6 +348,18 @@ class Resolver:
         needed |= {id(raw.ctx.function) for raw in self.w.model_calls if raw.ctx.function}
         needed |= {id(raw.ctx.function) for raw, _ in self.w.tape_raw if raw.ctx.function}
         self.resolve_call_sites(needed)
+
+    def _at_construction(self, function: FunctionInfo | None) -> bool:
+        """Code that runs while a model is constructed: `__init__`, or a function that only
+        `__init__` methods of the file call (`self._initialize_weights()`), before anything
+        could have converted its BN."""
+        if function is None:
+            return False
+        if function.name == "__init__":
+            return True
+        self.resolve_call_sites({id(function)})
+        return bool(function.call_sites) and all(
+            s.caller is not None and s.caller.name == "__init__" for s in function.call_sites)
 
     def resolve_call_sites(self, functions: set[int]) -> None:
         """Resolve the module-local call sites of `functions` (by id) and of their callers,

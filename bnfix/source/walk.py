@@ -367,6 +367,15 @@ class Walker:
                 elif isinstance(value, ast.expr):
                     self._expr(value, ctx, stmt)
 
+    def _plain_bn_only(self, classes: ast.expr) -> bool:
+        """`isinstance(m, nn.BatchNorm2d)`: a test of BN classes of the catalogue that a torch
+        plain BN passes and its synchronized counterpart (what a conversion makes of it) does
+        not (a class the catalogue does not know may be a base of both: not such a test)."""
+        items = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+        specs = [self.cat.apis.get(self.qualname(item) or "") for item in items]
+        return all(s is not None and s.framework == "torch" and not s.synced
+                   and s.synced_counterpart for s in specs)
+
     def _if(self, stmt: ast.If, ctx: Ctx) -> None:
         """An `if` and its `elif` chain, walked in a loop: a chain of hundreds of branches is
         hundreds of nested `If` nodes, which a recursive walk would not survive."""
@@ -375,6 +384,8 @@ class Walker:
             self._expr(stmt.test, ctx, stmt)
             guard = _guard(stmt.test)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
+            if guard is not None and guard[0] != "*" and self._plain_bn_only(guard[1]):
+                self.marks.append(("bn_isinstance", stmt.test, ctx))
             self._body(stmt.body, ctx._replace(guards=guards,
                                                conditions=(*ctx.conditions, (False, stmt.test))))
             ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
@@ -895,6 +906,15 @@ def _guard(test: ast.expr) -> tuple[str, ast.expr] | None:
             test.func.id == "isinstance" and len(test.args) == 2 and \
             isinstance(test.args[0], ast.Name):
         return test.args[0].id, test.args[1]
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        # `isinstance(m, nn.BatchNorm1d) or isinstance(m, nn.BatchNorm2d)`: one test of the
+        # classes together
+        parts = [_guard(value) for value in test.values]
+        names = {part[0] for part in parts if part is not None}
+        if None not in parts and len(names) == 1 and "*" not in names:
+            classes = [c for part in parts for c in (  # type: ignore[union-attr]
+                part[1].elts if isinstance(part[1], ast.Tuple) else [part[1]])]  # type: ignore[index]
+            return names.pop(), ast.Tuple(elts=classes, ctx=ast.Load())
     if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "BatchNorm" in n.value
            for n in ast.walk(test)):
         return "*", test
