@@ -405,6 +405,7 @@ class TrainOp:
     under_control_deps: bool
     adds_update_ops: bool  # a helper that runs UPDATE_OPS itself, or grouped with them later
     after_tower: TowerLoop | None
+    conditions: tuple[Condition, ...] = ()  # the `if` tests it is built under
 
 
 @dataclass

@@ -4,6 +4,7 @@ into the wrong BN parameter (BN013, every framework)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -17,6 +18,7 @@ from bnfix.ir import (
     CallInfo,
     CallSite,
     CollectionGet,
+    Condition,
     Const,
     Finding,
     FromParam,
@@ -26,6 +28,7 @@ from bnfix.ir import (
     Related,
     TowerLoop,
     TrainOp,
+    Unknown,
     Value,
     VarsExpr,
     VarsTerm,
@@ -465,9 +468,51 @@ def _trains_for(site: BNSite, op: TrainOp) -> bool:
         functions = {id(site.function) if site.function is not None else 0}
         functions |= {id(s.caller) if s.caller is not None else 0
                       for _, s in context.binding.chain}
-        if functions & around and not is_const(context.training, False):
+        if functions & around and not is_const(context.training, False) and \
+                not _branch_denies(site, context.binding, op):
             return True
     return False
+
+
+def _branch_denies(site: BNSite, binding: Binding, op: TrainOp) -> bool:
+    """The BN is built only under a test that the train op's branch denies: `if
+    params.use_batch_norm:` around the BN, and the train op in the `else` of the same test in
+    the function that builds the model (the test's names carried up the calls that pass them
+    on as they are)."""
+    if not site.conditions or not op.conditions:
+        return False
+    for condition in site.conditions:
+        carried = _carried(condition, site.function, binding, op.function)
+        if carried is not None and any(carried.excludes(c) for c in op.conditions):
+            return True
+    return False
+
+
+def _carried(condition: Condition, function: FunctionInfo | None, binding: Binding,
+             target: FunctionInfo | None) -> Condition | None:
+    """`condition` (a test in `function`) as written in `target`, a caller of it in
+    `binding`: each name it reads must be a parameter that the call passes a plain name of the
+    caller's for; None where it is not so carried."""
+    if function is target:
+        return condition
+    text, names = condition.text, condition.uses
+    for callee, site in binding.chain:
+        passed = {}
+        for name in names:
+            value = callee.param_value(site, name) if name in callee.params else None
+            written = value.name if isinstance(value, FromParam) and not value.negated else \
+                value.text if isinstance(value, Unknown) else None
+            if written is None or not written.isidentifier():
+                return None
+            passed[name] = written
+        if not passed:
+            return None
+        text = re.sub(r"\b(" + "|".join(map(re.escape, passed)) + r")\b",
+                      lambda m, names=passed: names[m.group(1)], text)
+        names = frozenset(passed.values())
+        if site.caller is target:
+            return Condition(-1, text, condition.negated, names)
+    return None
 
 
 def _ancestors(function: FunctionInfo | None, depth: int = 3) -> set[int]:

@@ -1181,6 +1181,8 @@ class Resolver:
             under_control_deps=bool(control),
             adds_update_ops=adds,
             after_tower=tower if not inside else None,
+            conditions=conditions_of(self.text, raw, functools.partial(self.names_used,
+                                                                       function=function)),
         )
 
     def statement(self, stmt: ast.stmt, compound_ok: bool = False) -> Statement:
