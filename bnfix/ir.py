@@ -604,6 +604,9 @@ class BiasBeforeBN:
     bn: BNSite
     how: str  # sequential | nested | consecutive
     unnormalized: Span | None = None  # where the same layer is also used without a BN after it
+    # the BN is in an `if` without `else` (`if is_batchnorm: x = BN()(x)`): without it the
+    # bias counts, so it is cancelled only where the test always holds
+    switched: bool = False
 
 
 class Builder(NamedTuple):

@@ -86,6 +86,29 @@ def training_mode(site: BNSite) -> bool:
     return any(not is_const(c.training, False) for c in _contexts(site))
 
 
+def inference_only(site: BNSite) -> bool:
+    """The BN is applied, and every application passes `training=False`: written there
+    (H-DenseUNet's `BatchNormalization(...)(x, training=False)`), or a parameter that every
+    call of its function passes as False (Mask R-CNN's heads built with `train_bn=False`). It
+    always normalizes with its moving statistics, a fixed affine map. A default never counts:
+    a Keras `call(self, x, training=False)` gets `training` from the layer that calls it."""
+    if site.api.kind == "layer":
+        return bool(site.instance_calls) and all(
+            "training" in c.args and _passed_false(c.args["training"].value)
+            for c in site.instance_calls)
+    return "training" in site.args and _passed_false(site.args["training"].value)
+
+
+def _passed_false(value: Value | None, depth: int = 3) -> bool:
+    if isinstance(value, Const):
+        return is_const(value, False) and value.span is not None
+    if isinstance(value, FromParam) and not value.negated and depth > 0:
+        sites = value.function.call_sites
+        return bool(sites) and all(value.name in s.args and
+                                   _passed_false(s.args[value.name], depth - 1) for s in sites)
+    return False
+
+
 @check("BN001")
 def frozen_affine_in_training(module: ModuleIR) -> Iterator[Finding]:
     seen: set[Span] = set()  # one finding per `False` written here

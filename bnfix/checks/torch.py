@@ -4,13 +4,15 @@ undoes (BN102), SyncBN converted after the wrap/optimizer (BN103), a bias right 
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from bnfix.checks import check
 from bnfix.checks.keras import frozen_in_inference
 from bnfix.checks.names import is_evaluation
+from bnfix.checks.tensorflow import inference_only
 from bnfix.findings import (
     Applicability,
     DeleteRows,
@@ -340,8 +342,10 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
         layer, bn = pair.layer, pair.bn
         if (layer.framework == "torch") != (bn.api.framework == "torch"):
             continue
-        if _built_in_no_call(bn) or frozen_in_inference(bn, module):
+        if _built_in_no_call(bn) or frozen_in_inference(bn, module) or inference_only(bn):
             continue  # no model has the BN, or it subtracts a fixed mean: the bias counts
+        if pair.switched and not _always_built(bn):
+            continue  # `if is_batchnorm: x = BN()(x)`: where the test fails the bias counts
         switched = None  # the block's own parameter that sets the bias, True in some context
         if layer.bias is not None and not is_const(layer.bias.value, True):
             switched = _biased_by_default(layer.bias.value, bn)
@@ -428,20 +432,41 @@ def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | Non
 
 
 BINDING_LIMIT = 64  # calling contexts read before giving up (then the finding stays)
+Test = Callable[[object], bool]  # whether a switch's value makes its `if` test hold
+# a test comparing a parameter with a literal: `norm == "batch"`, `mode is not None`
+_COMPARED = re.compile(r"^\(?\s*(?P<name>[A-Za-z_]\w*)\s*(?P<op>==|!=|is not|is)\s*"
+                       r"(?P<literal>[^=!<>()]+?)\s*\)?$")
 
 
-def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromParam]]:
-    """The conditions the BN is built under that test a parameter of `function`."""
-    return [(c, FromParam(function, c.text, None)) for c in bn.conditions
-            if c.text.isidentifier() and c.text in function.params]
+def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromParam, Test]]:
+    """The conditions the BN is built under that test a parameter of `function`: the
+    parameter itself (`if batch_norm:`) or its comparison with a literal (`if norm ==
+    "batch":`), each with what makes the test hold."""
+    out = []
+    for c in bn.conditions:
+        if c.text.isidentifier() and c.text in function.params:
+            out.append((c, FromParam(function, c.text, None), bool))
+            continue
+        match = _COMPARED.match(c.text)
+        if match is None or match["name"] not in function.params:
+            continue
+        try:
+            literal = ast.literal_eval(match["literal"])
+        except (ValueError, SyntaxError):
+            continue
+        equal = match["op"] in ("==", "is")
+        out.append((c, FromParam(function, match["name"], None),
+                    lambda value, literal=literal, equal=equal: (value == literal) == equal))
+    return out
 
 
-def _unbuilt(binding: Binding, switches: list[tuple[Condition, FromParam]],
+def _unbuilt(binding: Binding, switches: list[tuple[Condition, FromParam, Test]],
              defaults: bool = True) -> bool:
-    """In this calling context a switch the BN is built under is a constant that is false
-    (`defaults` False: a parameter of an outer function no call reaches is not known)."""
-    return any(isinstance(test := binding.value(param, defaults), Const) and
-               bool(test.value) == c.negated for c, param in switches)
+    """In this calling context a switch the BN is built under is a constant that makes its
+    test false (`defaults` False: a parameter of an outer function no call reaches is not
+    known)."""
+    return any(isinstance(value := binding.value(param, defaults), Const) and
+               bool(holds(value.value)) == c.negated for c, param, holds in switches)
 
 
 def _built_in_no_call(bn: BNSite) -> bool:
@@ -458,6 +483,22 @@ def _built_in_no_call(bn: BNSite) -> bool:
         return False
     contexts = list(bindings(function, limit=BINDING_LIMIT + 1))
     return len(contexts) <= BINDING_LIMIT and all(_unbuilt(b, switches, False) for b in contexts)
+
+
+def _always_built(bn: BNSite) -> bool:
+    """Every test the BN is built under is a switch parameter that every call of the project
+    turns on (focal-tversky-unet's `UnetConv2D(..., is_batchnorm=True)` at all its calls,
+    ZF_UNET's `batch_norm=True` by default): the BN always follows the layer."""
+    function = bn.function
+    if function is None or not function.call_sites:
+        return False
+    switches = _switches(bn, function)
+    if not switches or len(switches) != len(bn.conditions):
+        return False
+    contexts = list(bindings(function, limit=BINDING_LIMIT + 1))
+    return len(contexts) <= BINDING_LIMIT and all(
+        isinstance(value := b.value(param, False), Const) and bool(holds(value.value)) != c.negated
+        for b in contexts for c, param, holds in switches)
 
 
 def _related(pair: BiasBeforeBN) -> tuple[Related, ...]:

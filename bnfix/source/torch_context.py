@@ -608,11 +608,12 @@ class TorchContext:
                 return isinstance(stmt, ast.Assign) and \
                     applied(stmt.value, ctx, bn_targets, bn_calls) is not None
 
-            previous = self._previous_assignment(raw, given, bn_step)
+            previous, switched = self._previous_assignment(raw, given, bn_step)
             if previous is not None:
                 inner = applied(previous, raw.ctx, layer_targets, layers)
                 if isinstance(inner, BiasedLayer):
-                    pairs.append(BiasBeforeBN(inner, site, "consecutive"))  # type: ignore[arg-type]
+                    pairs.append(BiasBeforeBN(inner, site, "consecutive",  # type: ignore[arg-type]
+                                              switched=switched))
         unique: dict[int, BiasBeforeBN] = {}
         for pair in pairs:  # one per layer: the BN of each branch of an `if` cancels one bias
             unique.setdefault(id(pair.layer), pair)
@@ -719,7 +720,8 @@ class TorchContext:
         `.append(x)` statements that follow each other in one block. Items of different runs
         are not known to be adjacent (a loop or a branch may come between). An empty one
         assigned to a name is filled by the `.add(layer)` / `.add_module(name, module)`
-        statements that follow it."""
+        statements that follow it, and an empty `OrderedDict` by the `od[key] = module`
+        assignments that follow it."""
         args = raw.call.args
         if not args:
             return self._added_runs(raw)
@@ -756,7 +758,22 @@ class TorchContext:
             last_append = None
             if isinstance(value, (ast.List, ast.Tuple)):
                 runs.append(list(value.elts))
+            elif isinstance(only, ast.Name) and self._empty_ordered_dict(value):
+                # `head = OrderedDict()`, then `head['fc1'] = nn.Linear(...)`, `head['bn2'] =
+                # nn.BatchNorm1d(...)` (suncet's prediction heads)
+                runs += self._runs_in(self._following(stmt), only.id)
         return runs
+
+    def _empty_ordered_dict(self, value: ast.expr) -> bool:
+        return isinstance(value, ast.Call) and \
+            self.w.qualname(value.func) == "collections.OrderedDict" and not value.keywords and \
+            (not value.args or isinstance(value.args[0], (ast.List, ast.Tuple))
+             and not value.args[0].elts and len(value.args) == 1)
+
+    def _following(self, stmt: ast.stmt) -> list[ast.stmt]:
+        """The statements after `stmt` in its block."""
+        block = self.w.blocks.get(self.w.block_of.get(id(stmt), -1)) or []
+        return block[next((i for i, s in enumerate(block) if s is stmt), len(block)) + 1:]
 
     def _named_modules(self, arg: ast.expr) -> list[ast.expr] | None:
         """The modules of `OrderedDict([('conv', nn.Conv2d(...)), ('bn', ...)])`, in order: a
@@ -778,9 +795,7 @@ class TorchContext:
         target = _assigned(raw.stmt, raw.call)
         if target is None:
             return []
-        block = self.w.blocks.get(self.w.block_of.get(id(raw.stmt), -1)) or []
-        after = block[next((i for i, s in enumerate(block) if s is raw.stmt), len(block)) + 1:]
-        return self._runs_in(after, target)
+        return self._runs_in(self._following(raw.stmt), target)
 
     def _runs_in(self, stmts: list[ast.stmt], target: str) -> list[list[ast.expr]]:
         """The runs of `.add()` items on `target` in `stmts`, up to a statement that binds the
@@ -797,6 +812,10 @@ class TorchContext:
                     item = call.args[0]
                 elif call.func.attr == "add_module" and len(call.args) == 2:
                     item = call.args[1]
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+                    isinstance(stmt.targets[0], ast.Subscript) and \
+                    self._text(stmt.targets[0].value) == target:
+                item = stmt.value  # `head['bn2'] = nn.BatchNorm1d(...)` into an OrderedDict
             if item is not None:
                 run.append(item)
                 continue
@@ -814,34 +833,36 @@ class TorchContext:
         return runs
 
     def _previous_assignment(self, raw: RawCall, given: ast.expr,
-                             bn_step: Callable[[ast.stmt], bool]) -> ast.expr | None:
+                             bn_step: Callable[[ast.stmt], bool]) -> tuple[ast.expr | None, bool]:
         """`x = self.conv(x)` before `x = self.bn(x)` (or `return self.bn(x)`, or the BN call
         inside the statement: `lrelu(tf.layers.batch_normalization(x))`) in the same block: the
         value last assigned to the name this call takes (`given`). Statements between that do
         not assign the name (`channel_axis = ...`, `identity = x`) do not separate the two; one
         that assigns it, anywhere inside, does. A BN in a branch of an `if` reads what came before the `if`
         when the other branch starts with a BN too (`bn_step`: `if sync: x = SyncBN()(x)
-        else: x = BN()(x)`); with one branch only, the bias survives on the other path."""
+        else: x = BN()(x)`); where the other path does not normalize (no `else`, or an
+        `elif` that applies another norm) the bias survives there, and the pair is marked
+        `switched` (`if is_batchnorm: x = BN()(x)`: the rule decides by the switch's values)."""
         stmt, call = raw.stmt, raw.call
         if not (isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) and
                 isinstance(given, ast.Name)) or _conditional(stmt, call):
-            return None
-        name = given.id
+            return None, False
+        name, switched = given.id, False
         while True:
             for before in reversed(self.w.preceding(stmt)):
                 if isinstance(before, ast.Assign) and len(before.targets) == 1 and \
                         isinstance(before.targets[0], ast.Name) and before.targets[0].id == name:
-                    return before.value
+                    return before.value, switched
                 if _binds(before, name):
-                    return None
+                    return None, False
             block = self.w.block_of.get(id(stmt), -1)
             owner = self.w.block_owner.get(block)
-            if owner is None or not owner.orelse:
-                return None
+            if owner is None:
+                return None, False
             other = owner.orelse if block == id(owner.body) else owner.body
             first = next((s for s in other if _binds(s, name)), None)
             if first is None or not bn_step(first):
-                return None
+                switched = True  # the other path leaves the bias (or does something else)
             stmt = owner
 
     @staticmethod
