@@ -633,6 +633,9 @@ class TapeCall:
     owner: str | None  # `self(x)`: the model is an instance of this class of the file
     train_row: int  # where the step applies its gradients
     training_default: bool  # the model's class here defaults `call`'s `training` to True
+    positional: int = 1  # arguments passed by position (`model(x, labels)`: 2)
+    # the positional parameters of the model class's `call` (this file's class), `self` aside
+    signature: tuple[str, ...] | None = None
 
 
 class LibraryModel(NamedTuple):
@@ -732,6 +735,9 @@ class ModuleIR:
     # calls here that build a Keras model of another file whose `call` defaults `training` to
     # True (the project view fills it: BN012)
     training_models: list[Span] = field(default_factory=list)
+    # first-party models of other files built here, by the span of the call that builds one:
+    # the positional parameters of their class's Keras `call` (BN012 reads `model(x, labels)`)
+    call_signatures: dict[Span, tuple[str, ...]] = field(default_factory=dict)
     api_mentions: list[ApiMention] = field(default_factory=list)  # BN APIs named, not called
     training_calls: list[TrainingCall] = field(default_factory=list)
     # the per-process batch of its training data loaders, when known (BN006 weighs it)

@@ -165,6 +165,8 @@ def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
     for tape in module.tape_calls:
         if tape.training_default or any(b.span in module.training_models for b in tape.builders):
             continue  # the model's class defaults `call`'s `training` to True
+        if tape.positional > 1 and not _positional_not_training(module, tape):
+            continue  # `model(x, True)`: the second argument may be `training`
         sites = _sites_held(module, tape)
         held = _bn_held(module, tape, sites)
         if not held:
@@ -183,6 +185,19 @@ def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
         related = tuple(Related(s.origin.path, s.origin.span, "a BatchNormalization of the model")
                         for s in [s for s in sites if s.origin is not None][:1])  # type: ignore[union-attr]
         yield Finding("BN012", call.span, message, fix, related)
+
+
+def _positional_not_training(module: ModuleIR, tape: TapeCall) -> bool:
+    """The arguments a call passes by position all land in parameters of the model class's
+    `call` other than `training` (`model(images, labels)` for `call(self, x, y)`): a Keras
+    model's `__call__` hands them on to `call` in order. Unknown for any other model (a
+    functional model's `call` takes `training` second)."""
+    signatures = {tape.signature} if tape.signature is not None else {
+        module.call_signatures[b.span] for b in tape.builders if b.span in module.call_signatures}
+    if len(signatures) != 1:
+        return False
+    (names,) = signatures
+    return len(names) >= tape.positional and "training" not in names[:tape.positional]
 
 
 def _keras_bn(site: BNSite) -> bool:

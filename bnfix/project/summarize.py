@@ -310,7 +310,8 @@ class Summarizer:
         """`freeze:<method>` for its BN freeze methods, `init_freeze:<text>` for a freeze it
         applies to itself at construction, `train_refreezes` when its train() re-freezes,
         `layer:...` when it is a biased layer under another name (wrappers.py),
-        `call_trains` when its Keras `call` defaults `training` to True (BN012)."""
+        `call_trains` when its Keras `call` defaults `training` to True, `call_params:<names>`
+        for the parameters of its `call` that can be passed by position (BN012)."""
         facts = {f"freeze:{q.split('.', 1)[1]}" for q in self.module.freezers
                  if q.startswith(name + ".") and q.count(".") == 1}
         for call in self.module.freeze_calls:
@@ -326,6 +327,9 @@ class Summarizer:
             facts.add(layer_fact(layer))
         if self.r.trains_by_default(name):
             facts.add("call_trains")
+        signature = self.r.call_signature(name)
+        if signature is not None:
+            facts.add("call_params:" + ",".join(signature))
         return facts
 
     def _returns(self, function: FunctionInfo) -> tuple[str, ...]:

@@ -454,6 +454,11 @@ class ProjectView:
                     built.append((raw, module.reached_sites[-1]))  # the class is the BN
             if info is not None and "call_trains" in info.facts:
                 module.training_models.append(span(record.loc))
+            signature = next((f for f in info.facts if f.startswith("call_params:")), None) \
+                if info is not None else None
+            if signature is not None:
+                names = signature.removeprefix("call_params:")
+                module.call_signatures[span(record.loc)] = tuple(names.split(",")) if names else ()
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:
             foreign = self.context.calls.get((self.module_id, function.qualname), [])

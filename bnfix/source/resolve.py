@@ -837,8 +837,11 @@ class Resolver:
             if not builders and owner is None:
                 continue
             classes = {owner} | {b.local_class for b in builders}
+            signatures = {self.call_signature(c) for c in classes if c}
             out.append(TapeCall(call_info(self.text, raw.call), written, function, builders,
-                                owner, row, any(self.trains_by_default(c) for c in classes if c)))
+                                owner, row, any(self.trains_by_default(c) for c in classes if c),
+                                len(raw.call.args),
+                                signatures.pop() if len(signatures) == 1 else None))
         return out
 
     def _builders_of(self, name: str, function: FunctionInfo | None, depth: int
@@ -905,6 +908,15 @@ class Resolver:
     def _calls_at(self) -> dict[Pos, ast.Call]:
         return {self.text.span(node).start: node for node in ast.walk(self.w.tree)
                 if isinstance(node, ast.Call)}
+
+    def call_signature(self, class_name: str) -> tuple[str, ...] | None:
+        """The parameters of the file's class `class_name`'s Keras `call` that can be passed by
+        position, `self` aside (`*args` is not among them; None: it defines no `call`)."""
+        call = next((f for f in self.w.functions if f.class_name == class_name
+                     and f.name == "call"), None)
+        if call is None:
+            return None
+        return tuple(p.name for p in call.params.values() if p.positional)[1:]
 
     def trains_by_default(self, class_name: str) -> bool:
         """The file's class `class_name` defaults its `call`'s `training` to True: a call

@@ -707,7 +707,7 @@ class Walker:
         if tape is not None and _receiver(func):
             if any(k.arg == "training" for k in call.keywords):
                 self.training_receivers.add((id(tape), ast.unparse(func)))
-            elif len(call.args) == 1 and not isinstance(call.args[0], ast.Starred) \
+            elif call.args and not any(isinstance(a, ast.Starred) for a in call.args) \
                     and all(k.arg is not None for k in call.keywords):
                 self.tape_raw.append((raw, tape))
         if qual is not None:
