@@ -928,3 +928,60 @@ def _misplaced(site: BNSite, param: str, arg: Arg, positional: list[Arg],
             value.name == site.function.training_flag)):
         return TRAINING_IN_AXIS
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# BN014 training-flag-never-passed
+
+
+@check("BN014")
+def training_flag_never_passed(module: ModuleIR) -> Iterator[Finding]:
+    if not module.train_ops:
+        return
+    seen: set[Span] = set()
+    for site in module.all_bn_sites():
+        if site.span in seen or not _flag_never_passed(site):
+            continue
+        op = next((op for op in module.train_ops if _in_graph_of(site, op)), None)
+        if op is None:
+            continue
+        seen.add(site.span)
+        what = f"`{site.call.callee}`" if site.origin is None else _reached(site)
+        message = (
+            f"{what} is never given `training`, which defaults to False: in the graph that "
+            f"`{op.call.callee}(...)` on line {op.call.span.start.row} trains, it normalizes "
+            "with its moving mean and variance, which nothing updates (they stay 0 and 1), so "
+            "BN never uses batch statistics and the model trains without it"
+        )
+        fix = Fix(DISPLAY, "Pass `training=<flag>` (True while training, False in evaluation) "
+                           "and run the update ops with the train op (BN003): with `training` "
+                           "alone, evaluation would read the moving statistics nothing updates")
+        yield Finding("BN014", site.call.span, message, fix, tuple(_origin_related(site)))
+
+
+def _flag_never_passed(site: BNSite) -> bool:
+    """A BN whose API defaults `training` to False (TF1's `tf.layers`) and that is never given
+    one: not at the call, not through `*args`/`**kwargs`, not where a layer object is applied.
+    A call with a non-literal positional argument after the input is left to BN013 (a flag
+    passed in the wrong place)."""
+    if site.api.defaults.get("training") is not False or site.unpacked or "training" in site.bound:
+        return False
+    positional = sorted((a for a in site.args.values() if not a.keyword), key=lambda a: a.span.start)
+    if "training" in site.args or any(not isinstance(a.value, Const) for a in positional[1:]):
+        return False
+    if site.api.kind == "layer":
+        return bool(site.instance_calls) and all("training" not in c.args
+                                                 for c in site.instance_calls)
+    return True
+
+
+def _in_graph_of(site: BNSite, op: TrainOp) -> bool:
+    """The BN is built by the code that builds the train op's graph: some calling context of
+    it passes through the train op's function or one of its callers."""
+    around = _ancestors(op.function)
+    for binding in bindings(site.function):
+        functions = {id(site.function) if site.function is not None else 0}
+        functions |= {id(s.caller) if s.caller is not None else 0 for _, s in binding.chain}
+        if functions & around:
+            return True
+    return False
