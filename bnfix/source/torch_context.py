@@ -551,14 +551,14 @@ class TorchContext:
             name = named(item)
             return bn_targets.get(self._scoped(name, ctx)) if name else None
 
-        for raw in self.w.sequential_raw:
-            runs = self._sequence_runs(raw)
+        def chained(runs: list[list[ast.expr]], ctx: Ctx) -> None:
+            """The layer-then-BN pairs of runs of items applied one after the other."""
             for run in runs:
                 for first, second in itertools.pairwise(run):
                     name = named(first)
                     layer = layers.get(id(first)) if isinstance(first, ast.Call) else \
-                        layer_targets.get(self._scoped(name, raw.ctx)) if name else None
-                    bn = bn_of(second, raw.ctx)
+                        layer_targets.get(self._scoped(name, ctx)) if name else None
+                    bn = bn_of(second, ctx)
                     if layer is None or bn is None:
                         continue
                     # the same module also chained without a BN after it (VGG's `make_layers`:
@@ -566,10 +566,18 @@ class TorchContext:
                     alone = next((item for other in runs for item, after in
                                   itertools.zip_longest(other, other[1:])
                                   if isinstance(first, ast.Name) and isinstance(item, ast.Name)
-                                  and item.id == first.id and bn_of(after, raw.ctx) is None),
+                                  and item.id == first.id and bn_of(after, ctx) is None),
                                  None)
                     pairs.append(BiasBeforeBN(layer, bn, "sequential",
                                               self.text.span(alone) if alone else None))
+
+        for raw in self.w.sequential_raw:
+            chained(self._sequence_runs(raw), raw.ctx)
+        for loop in self.w.loops:
+            held = _applied_in_turn(loop.node)
+            if held is not None:
+                ctx = Ctx(loop.function, loop.function.class_name if loop.function else None)
+                chained(self._held_runs(held, ctx), ctx)
 
         def applied(node: ast.expr, ctx: Ctx, table: dict, calls: dict) -> object | None:
             """The layer / BN that `node` applies: `self.conv(x)` or `Conv2D(8, 3)(x)`, or a
@@ -733,14 +741,26 @@ class TorchContext:
         named = self._named_modules(only)
         if named is not None:
             return [named]
-        held = _self_attr(only)
-        if isinstance(only, ast.Name):  # `nn.Sequential(*layers)`, `keras.Sequential(layers)`
-            defs = self.w.defs.get((fkey(raw.ctx.function), only.id), ())
-        elif held is not None:  # `nn.Sequential(*self.parametrized_layers)` (CloserLookFewShot)
-            owner = raw.ctx.function.class_name if raw.ctx.function else raw.ctx.class_name
-            defs = self.w.defs.get((0, f"{owner}.{held.removeprefix('self.')}"), ())
-        else:
+        if not isinstance(only, ast.Name) and _self_attr(only) is None:
             return [list(args)]
+        return self._held_runs(only, raw.ctx)
+
+    def _held_runs(self, held: ast.expr, ctx: Ctx) -> list[list[ast.expr]]:
+        """The runs of items of a list a name (`layers`, also one of an enclosing function's:
+        a closure) or an attribute of the class (`self.layers`) holds, as the code builds it."""
+        attribute = _self_attr(held)
+        if isinstance(held, ast.Name):  # `nn.Sequential(*layers)`, `keras.Sequential(layers)`
+            function = ctx.function
+            defs = self.w.defs.get((fkey(function), held.id), ())
+            while not defs and function is not None and "<locals>" in function.qualname and \
+                    held.id not in function.params:
+                function = self.w.by_qualname().get(function.qualname.rsplit(".<locals>.", 1)[0])
+                defs = self.w.defs.get((fkey(function), held.id), ()) if function else ()
+        elif attribute is not None:  # `nn.Sequential(*self.parametrized_layers)`
+            owner = ctx.function.class_name if ctx.function else ctx.class_name
+            defs = self.w.defs.get((0, f"{owner}.{attribute.removeprefix('self.')}"), ())
+        else:
+            return []
         runs: list[list[ast.expr]] = []
         last_append: ast.stmt | None = None
         for kind, value, stmt in defs:
@@ -758,10 +778,10 @@ class TorchContext:
             last_append = None
             if isinstance(value, (ast.List, ast.Tuple)):
                 runs.append(list(value.elts))
-            elif isinstance(only, ast.Name) and self._empty_ordered_dict(value):
+            elif isinstance(held, ast.Name) and self._empty_ordered_dict(value):
                 # `head = OrderedDict()`, then `head['fc1'] = nn.Linear(...)`, `head['bn2'] =
                 # nn.BatchNorm1d(...)` (suncet's prediction heads)
-                runs += self._runs_in(self._following(stmt), only.id)
+                runs += self._runs_in(self._following(stmt), held.id)
         return runs
 
     def _empty_ordered_dict(self, value: ast.expr) -> bool:
@@ -973,6 +993,23 @@ def _first_use(function: ast.FunctionDef, param: str) -> ast.stmt | None:
             return stmt
         if any(isinstance(n, (ast.Return, ast.Raise)) for n in nodes):
             return None
+    return None
+
+
+def _applied_in_turn(loop: ast.For | ast.AsyncFor) -> ast.expr | None:
+    """What a loop applies item by item to one value: `for layer in stem_layers: x =
+    layer(x)` (arcface's HRNet stem), a chain like a `Sequential` of the list."""
+    body, target = loop.body, loop.target
+    if len(body) != 1 or not isinstance(target, ast.Name) or not isinstance(body[0], ast.Assign):
+        return None
+    stmt = body[0]
+    value = stmt.value
+    if len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+            value.func.id == target.id and len(value.args) == 1 and \
+            isinstance(value.args[0], ast.Name) and value.args[0].id == stmt.targets[0].id and \
+            (isinstance(loop.iter, ast.Name) or _self_attr(loop.iter) is not None):
+        return loop.iter
     return None
 
 
