@@ -487,14 +487,17 @@ def _trains_for(site: BNSite, op: TrainOp) -> bool:
     of the BN passes through the train op's function or one of its callers (the code that
     builds the model next to the train op), and is not literally in inference mode."""
     around = _ancestors(op.function)
-    for context in _contexts(site):
-        functions = {id(site.function) if site.function is not None else 0}
-        functions |= {id(s.caller) if s.caller is not None else 0
-                      for _, s in context.binding.chain}
-        if functions & around and not is_const(context.training, False) and \
-                not _branch_denies(site, context.binding, op):
-            return True
-    return False
+    return any(_passes_through(site, context.binding, around)
+               and not is_const(context.training, False)
+               and not _branch_denies(site, context.binding, op) for context in _contexts(site))
+
+
+def _passes_through(site: BNSite, binding: Binding, around: set[int]) -> bool:
+    """The calling context of the BN runs through one of the functions `around` (by id, 0 for
+    module-level code)."""
+    functions = {id(site.function) if site.function is not None else 0}
+    functions |= {id(s.caller) if s.caller is not None else 0 for _, s in binding.chain}
+    return bool(functions & around)
 
 
 def _branch_denies(site: BNSite, binding: Binding, op: TrainOp) -> bool:
@@ -979,9 +982,4 @@ def _in_graph_of(site: BNSite, op: TrainOp) -> bool:
     """The BN is built by the code that builds the train op's graph: some calling context of
     it passes through the train op's function or one of its callers."""
     around = _ancestors(op.function)
-    for binding in bindings(site.function):
-        functions = {id(site.function) if site.function is not None else 0}
-        functions |= {id(s.caller) if s.caller is not None else 0 for _, s in binding.chain}
-        if functions & around:
-            return True
-    return False
+    return any(_passes_through(site, binding, around) for binding in bindings(site.function))

@@ -373,8 +373,8 @@ class Walker:
         not (a class the catalogue does not know may be a base of both: not such a test)."""
         items = classes.elts if isinstance(classes, ast.Tuple) else [classes]
         specs = [self.cat.apis.get(self.qualname(item) or "") for item in items]
-        return all(s is not None and s.framework == "torch" and not s.synced
-                   and s.synced_counterpart for s in specs)
+        return bool(specs) and all(s is not None and s.framework == "torch" and not s.synced
+                                   and s.synced_counterpart for s in specs)
 
     def _if(self, stmt: ast.If, ctx: Ctx) -> None:
         """An `if` and its `elif` chain, walked in a loop: a chain of hundreds of branches is
