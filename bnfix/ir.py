@@ -544,6 +544,9 @@ class ModelStep:
     move_lines: tuple[str, ...] = ()  # that statement's rows, relative to its indentation
     conditions: tuple[Condition, ...] = ()  # the `if` tests it runs under
     through: Origin | None = None  # done inside a first-party helper (of another file)
+    # the calls that build the model it takes (a wrap's model: `DDP(Net().cuda())`, `model`
+    # assigned or passed by this file's callers); empty when not known
+    builders: tuple[Builder, ...] = ()
 
 
 class Condition(NamedTuple):
@@ -619,6 +622,7 @@ class Builder(NamedTuple):
     # where `inputs` is made on are its own
     since: Pos | None = None
     local_class: str | None = None  # it constructs this class of the file
+    qualname: str | None = None  # what the call resolves to (`torch.nn.Linear`), when known
 
 
 @dataclass

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 
 from bnfix.checks import check
-from bnfix.checks.keras import frozen_in_inference
+from bnfix.checks.keras import built_by, frozen_in_inference
 from bnfix.checks.tensorflow import Inside, in_loop, reaches, training_mode
 from bnfix.findings import Applicability, Edit, EditOp, Fix, InsertRows, Span, WrapStatements
 from bnfix.ir import (
@@ -237,7 +237,8 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
     if module.loader_batch is not None and module.loader_batch >= SOUND_BATCH:
         return  # each process's batch is large enough for sound statistics: plain BN is the recipe
     for wrap in (s for s in module.model_steps if s.kind == "model_wrap" and s.replicas):
-        if _converted_by_callers(wrap) or _bn_kept_in_eval(module, wrap):
+        if _converted_by_callers(wrap) or _bn_kept_in_eval(module, wrap) or \
+                _handed_in(wrap) or _holds_no_bn(module, wrap):
             continue
         what = wrap.call.callee
         message = (
@@ -246,6 +247,32 @@ def _replica_wraps(module: ModuleIR) -> Iterator[Finding]:
             "them to SyncBatchNorm before the wrap"
         )
         yield Finding("BN006", wrap.call.span, message, _torch_fix(module, wrap))
+
+
+def _handed_in(wrap: ModelStep) -> bool:
+    """The wrapped model is a parameter of a function no code of the project calls
+    (torchdistill's `wrap_if_distributed(student_model, ...)` in wrapper classes its registry
+    builds): what it holds is not this file's BN."""
+    match = MOVED.match(wrap.target)
+    function = wrap.function
+    return match is not None and function is not None and \
+        match["model"] in function.params and not function.call_sites
+
+
+def _holds_no_bn(module: ModuleIR, wrap: ModelStep) -> bool:
+    """Every call that builds the wrapped model is known to build no BatchNorm: a torch
+    layer or container with no BN inside (`wrap(nn.Linear(...))`, `nn.Sequential(nn.Conv2d(
+    ...))`), or a class of this file none of whose methods builds one (torchdistill's
+    `Regressor4VID`)."""
+    if not wrap.builders:
+        return False
+    sites = module.all_bn_sites()
+    return all(
+        not any(built_by(s, b) for s in sites)
+        and not any(b.span.start <= m.span.start and m.span.end <= b.span.end
+                    for m in module.bn_models)
+        and (b.local_class is not None or (b.qualname or "").startswith("torch.nn."))
+        for b in wrap.builders)
 
 
 def _bn_kept_in_eval(module: ModuleIR, wrap: ModelStep) -> bool:

@@ -209,10 +209,10 @@ def _keras_bn(site: BNSite) -> bool:
 def _sites_held(module: ModuleIR, tape: TapeCall) -> list[BNSite]:
     return [s for s in module.all_bn_sites() if _keras_bn(s) and (
         tape.owner is not None and s.function is not None and s.function.class_name == tape.owner
-        or any(_built_by(s, b) for b in tape.builders))]
+        or any(built_by(s, b) for b in tape.builders))]
 
 
-def _built_by(site: BNSite, builder: Builder) -> bool:
+def built_by(site: BNSite, builder: Builder) -> bool:
     """The BN is built when `builder` runs: reached through it (another file), inside it (a
     `Sequential([...])` literal), applied before a functional `Model(...)` in its function, built
     by its class, or built by a function of this file that it calls."""

@@ -504,12 +504,17 @@ class ProjectView:
                 if target is None:
                     continue
                 stmt = resolver.statement(raw.stmt)
+                given = next((a for a in (*raw.call.args, *(k.value for k in raw.call.keywords))
+                              if resolver.text.slice(resolver.text.span(a)) == step.target),
+                             None) if step.kind == "model_wrap" and step.replicas else None
                 module.model_steps.append(ModelStep(
                     step.kind, target, record.assigned, call_info(resolver.text, raw.call), stmt,
                     raw.ctx.function, resolver.text.slice(stmt.span),
                     qualname=step.helper, replicas=step.replicas,
                     conditions=conditions_of(resolver.text, raw),
-                    through=Origin(step.path, span(step.loc))))
+                    through=Origin(step.path, span(step.loc)),
+                    builders=resolver.model_builders(given, raw.ctx.function, raw.stmt)
+                    if given is not None else ()))
 
     def _attach_freezes(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
         """Instances of first-party classes of other files that freeze BN: a freeze at

@@ -60,6 +60,7 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
 
 
 MOMENTS = ("moments", "sufficient_statistics", "weighted_moments")  # tf.nn's batch moments
+MOVES = ("cuda", "to", "cpu")  # torch module methods that return the module itself (moved)
 
 
 class Resolver:
@@ -901,8 +902,26 @@ class Resolver:
                 made = self.w.defs.get((fkey(function), inputs.id), ()) \
                     if isinstance(inputs, ast.Name) else ()
                 since = self.text.span(made[0][1]).start if made else function.span.start
-            out.append(Builder(self.text.span(value), function, since, local))
+            out.append(Builder(self.text.span(value), function, since, local, qual or None))
         return tuple(out)
+
+    def model_builders(self, expr: ast.expr, function: FunctionInfo | None, stmt: ast.stmt
+                       ) -> tuple[Builder, ...]:
+        """The calls that build the model `expr` is (`Net().cuda(rank)`, `model.to(device)`,
+        `model` assigned here or passed by this file's callers, `self.model` assigned in the
+        class); empty when not known."""
+        while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
+                expr.func.attr in MOVES:
+            expr = expr.func.value  # `.cuda()`, `.to(device)` return the model itself
+        if isinstance(expr, ast.Call):
+            return self._built([("assign", expr, stmt)])
+        if isinstance(expr, ast.Name):
+            return self._builders_of(expr.id, function, 2)
+        attribute = expr.attr if isinstance(expr, ast.Attribute) and \
+            isinstance(expr.value, ast.Name) and expr.value.id == "self" else None
+        if attribute is not None and function is not None and function.class_name:
+            return self._built(self.w.defs.get((0, f"{function.class_name}.{attribute}"), ()))
+        return ()
 
     @functools.cached_property
     def _calls_at(self) -> dict[Pos, ast.Call]:

@@ -470,11 +470,13 @@ class TorchContext:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
                 self.w.receiver_chain(stmt.value) is call:  # `DataParallel(model).cuda()` too
             assigned = self._text(stmt.targets[0])
+        replicas = self.r.vocab.fn_kind.get(raw.written) == "replica_wrap"
         step = ModelStep(raw.kind, target, assigned, call_info(self.text, call),
                          self.r.statement(stmt), raw.ctx.function, self._text(stmt),
-                         qualname=raw.written,
-                         replicas=self.r.vocab.fn_kind.get(raw.written) == "replica_wrap",
-                         conditions=conditions_of(self.text, raw))
+                         qualname=raw.written, replicas=replicas,
+                         conditions=conditions_of(self.text, raw),
+                         builders=self.r.model_builders(call.args[0], raw.ctx.function, stmt)
+                         if raw.kind == "model_wrap" and replicas else ())
         if raw.kind == "sync_convert" and assigned == target:
             owner = self.w.block_owner.get(self.w.block_of.get(id(stmt), 0))
             movable: ast.stmt = stmt
