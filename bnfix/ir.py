@@ -525,6 +525,7 @@ class ParamFreeze:
     span: Span
     after: Statement  # the statement after which the module can be put in eval mode
     function: FunctionInfo | None
+    only_bias: bool = False  # `m.bias.requires_grad = False`: the shift alone is pinned
 
 
 @dataclass

@@ -533,6 +533,8 @@ def frozen_bn_still_updating(module: ModuleIR) -> Iterator[Finding]:
         if frozen.is_bn and not _puts_in_eval(module, frozen.owner, frozen.function):
             groups[(id(frozen.function), frozen.owner)].append(frozen)
     for (_, owner), frozen in groups.items():  # weight and bias of one BN: one finding
+        if all(f.only_bias for f in frozen):
+            continue  # the shift alone pinned (speechbrain's LiGRU `bias=False`): the scale trains
         first = min(frozen, key=lambda f: f.span.start)
         after = max((f.after for f in frozen), key=lambda s: s.last_row)
         message = (

@@ -429,14 +429,16 @@ class TorchContext:
             owner = self._text(owner_node)
             after = stmt
             loop = next((lp for lp in ctx.param_loops if lp[0] == owner), None)
+            only_bias = False
             if loop is not None:
                 owner, after = loop[1], loop[2]
             elif isinstance(owner_node, ast.Attribute) and owner_node.attr in ("weight", "bias"):
-                owner = self._text(owner_node.value)
+                owner, only_bias = self._text(owner_node.value), owner_node.attr == "bias"
             else:
                 continue
             out.append(ParamFreeze(owner, self._narrowed_to_bn(owner, ctx, True), self.text.span(stmt),
-                                   self.r.statement(after, compound_ok=True), ctx.function))
+                                   self.r.statement(after, compound_ok=True), ctx.function,
+                                   only_bias))
         for raw in self.w.attr_calls:
             call = raw.call
             if raw.kind != "requires_grad_":
