@@ -696,7 +696,8 @@ class Marker(NamedTuple):
 class Mark(NamedTuple):
     """Something other files' rules may ask about a module: `arg_scope:<api id>` (an arg_scope
     gives a BN API defaults), `loads_weights`, `bias_by_name` (a bias parameter looked up by
-    its name), `ema_restore`, `registers:<collection>`, `update_ops_unrun` (a train op that
+    its name), `bias_used` (another module's bias used without a check that it exists),
+    `ema_restore`, `registers:<collection>`, `update_ops_unrun` (a train op that
     does not run UPDATE_OPS), `update_ops_read`."""
 
     kind: str

@@ -252,3 +252,43 @@ def test_bn006_conversion_is_display_only_where_the_project_tests_plain_bn_class
     (fixable,) = check_source(construction_only, "train.py", select=["BN006"])
     assert fixable.fix.applicability is Applicability.UNSAFE
     assert fixable.fix.message.startswith("Convert BN to SyncBatchNorm before the wrap (")
+
+
+def test_bn104_fix_is_display_only_where_biases_are_used_unchecked():
+    """solo-learn's SimSiam: `self.projector[6].bias.requires_grad = False` raised
+    AttributeError once the fix dropped that bias (a wrong fix of the twenty-first survey); the
+    same for `nn.init.constant_(m.bias, 0)` under `isinstance(m, nn.Conv2d)`. A use under a
+    None check, or on a module narrowed to a BN class, keeps the fix."""
+    book = load_rulebook()
+    (example,) = [e for e in book.rules["BN104"].examples if "solo-learn's SimSiam" in e.name]
+    (finding,) = check_source(example.source, "simsiam.py", select=["BN104"])
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "without checking that they exist (for instance at line 14" in finding.fix.message
+    model = """
+        import torch.nn as nn
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, 3)
+                self.bn = nn.BatchNorm2d(8)
+                for m in self.modules():
+                    if isinstance(m, nn.Conv2d):
+                        {init}
+
+            def forward(self, x):
+                return self.bn(self.conv(x))
+    """
+    unchecked = model.format(init="nn.init.constant_(m.bias, 0)")
+    (finding,) = diagnostics(unchecked, ["BN104"])
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    checked = model.format(init="if m.bias is not None:\n                            "
+                                "nn.init.constant_(m.bias, 0)")
+    (fixable,) = diagnostics(checked, ["BN104"])
+    assert fixable.fix.applicability is Applicability.UNSAFE
+    on_bn = model.format(init="pass").replace(
+        "if isinstance(m, nn.Conv2d):\n                        pass",
+        "if isinstance(m, nn.BatchNorm2d):\n                        m.bias.data.zero_()")
+    (fixable,) = diagnostics(on_bn, ["BN104"])
+    assert fixable.fix.applicability is Applicability.UNSAFE

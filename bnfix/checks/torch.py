@@ -399,6 +399,13 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
                                f"{by_name[0].where()}), and a dropped bias breaks that lookup")
             yield Finding("BN104", layer.call.span, message, fix, _related(pair))
             continue
+        used = module.marks_of("bias_used")
+        if used:
+            fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only where no code uses it: the "
+                               f"project uses layers' bias parameters without checking that they "
+                               f"exist (for instance at {used[0].where()}: `None` once dropped)")
+            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
+            continue
         if layer.bias is not None:
             edit = Edit(layer.bias.value_span, "False")
         elif layer.call.args_end is None:

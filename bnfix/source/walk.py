@@ -367,6 +367,23 @@ class Walker:
                 elif isinstance(value, ast.expr):
                     self._expr(value, ctx, stmt)
 
+    def _bias_kept(self, bias: ast.Attribute, ctx: Ctx) -> bool:
+        """A use of `m.bias` that a dropped conv bias cannot break: under a test of a bias
+        (`if m.bias is not None:`), or of a module narrowed to a BN class (BN keeps its
+        bias: `isinstance(m, nn.BatchNorm2d)`, then `m.bias.data.zero_()`)."""
+        if any(isinstance(n, ast.Attribute) and n.attr == "bias"
+               for _, test in ctx.conditions for n in ast.walk(test)):
+            return True
+        owner = bias.value
+        if not isinstance(owner, ast.Name):
+            return False
+        for name, classes in ctx.guards:
+            options = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+            if name == owner.id and all(self.cat.apis.get(self.qualname(o) or "") is not None
+                                        for o in options):
+                return True
+        return False
+
     def _plain_bn_only(self, classes: ast.expr) -> bool:
         """`isinstance(m, nn.BatchNorm2d)`: a test of BN classes of the catalogue that a torch
         plain BN passes and its synchronized counterpart (what a conversion makes of it) does
@@ -619,6 +636,9 @@ class Walker:
             elif kind is ast.Attribute:
                 if node.attr in tails:  # type: ignore[attr-defined]
                     self.api_mentions.append((node, ctx))  # type: ignore[arg-type]
+                if _other_bias(node.value) and not self._bias_kept(node.value, ctx):  # type: ignore[attr-defined]
+                    # `fc.bias.data = ...`, `self.projector[6].bias.requires_grad = False`
+                    self.marks.append(("bias_used", node.value, ctx))  # type: ignore[arg-type]
             elif kind in _COMPREHENSIONS:
                 for generator in node.generators:  # type: ignore[attr-defined]
                     if _is_zip_star(generator.iter):
@@ -702,6 +722,8 @@ class Walker:
         for arg in (*call.args, *(k.value for k in call.keywords)):
             if type(arg) is ast.Name:
                 self.callback_refs.append((arg, raw))
+            elif _other_bias(arg) and not self._bias_kept(arg, ctx):
+                self.marks.append(("bias_used", arg, ctx))  # `nn.init.constant_(m.bias, 0)`
         tape = next((f for f in ctx.withs if f.category == "gradient_tape"), None) \
             if ctx.withs else None
         if tape is not None and _receiver(func):
@@ -922,6 +944,13 @@ def _guard(test: ast.expr) -> tuple[str, ast.expr] | None:
 
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _other_bias(node: ast.AST) -> bool:
+    """`m.bias`, `self.fc.bias`: another module's bias parameter (not a module's own
+    `self.bias`), which a layer built with `bias=False` does not have."""
+    return type(node) is ast.Attribute and node.attr == "bias" and not (  # type: ignore[attr-defined]
+        type(node.value) is ast.Name and node.value.id == "self")  # type: ignore[attr-defined]
 
 
 def _names_bias(key: ast.expr) -> bool:
