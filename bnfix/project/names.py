@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from bnfix.project.graph import reaching
 from bnfix.project.index import ProjectIndex
-from bnfix.project.summary import MODULE_SCOPE
+from bnfix.project.summary import MODULE_SCOPE, SIGNATURE
 
 
 class Contribution(NamedTuple):
@@ -47,7 +47,8 @@ def contributions(index: ProjectIndex, modules: Iterable[str], digests: Mapping[
                 found.add((tail, function.class_name or function.name))
                 defined.add(function.class_name or function.qualname)
         for klass in summary.classes.values():
-            if klass.facts or klass.name not in defined and any(
+            if any(not f.startswith(SIGNATURE) for f in klass.facts) or \
+                    klass.name not in defined and any(
                     index.reach(t.module, t.qualname, t.receiver)
                     for t in index.targets(module, "@" + klass.name)):
                 # its construction builds BN, also through an inherited `__init__`

@@ -10,6 +10,7 @@ from bnfix.findings import Span
 from bnfix.ir import BNSite, Const, FromParam, FunctionInfo, ModuleIR, Unknown, Value
 from bnfix.project.summary import (
     MODULE_SCOPE,
+    SIGNATURE,
     BNBuild,
     CallRecord,
     ClassSummary,
@@ -329,7 +330,7 @@ class Summarizer:
             facts.add("call_trains")
         signature = self.r.call_signature(name)
         if signature is not None:
-            facts.add("call_params:" + ",".join(signature))
+            facts.add(SIGNATURE + ",".join(signature))
         return facts
 
     def _returns(self, function: FunctionInfo) -> tuple[str, ...]:

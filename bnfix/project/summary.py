@@ -20,6 +20,9 @@ from typing import Any, NamedTuple
 FORMAT = 3
 Loc = tuple[int, int, int, int]  # start row, start column, end row, end column (0-based cols)
 MODULE_SCOPE = "<module>"  # the pseudo-function holding a module's top-level code
+# a class fact that states its Keras `call` signature (BN012), not anything about BN: it does
+# not make the class worth following from other files
+SIGNATURE = "call_params:"
 
 
 class Ref(NamedTuple):

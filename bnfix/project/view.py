@@ -44,6 +44,7 @@ from bnfix.project.index import ProjectIndex, Reach
 from bnfix.project.summarize import Summarizer, layer_of
 from bnfix.project.summary import (
     MODULE_SCOPE,
+    SIGNATURE,
     UNKNOWN,
     CallRecord,
     FunctionSummary,
@@ -454,10 +455,10 @@ class ProjectView:
                     built.append((raw, module.reached_sites[-1]))  # the class is the BN
             if info is not None and "call_trains" in info.facts:
                 module.training_models.append(span(record.loc))
-            signature = next((f for f in info.facts if f.startswith("call_params:")), None) \
+            signature = next((f for f in info.facts if f.startswith(SIGNATURE)), None) \
                 if info is not None else None
             if signature is not None:
-                names = signature.removeprefix("call_params:")
+                names = signature.removeprefix(SIGNATURE)
                 module.call_signatures[span(record.loc)] = tuple(names.split(",")) if names else ()
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
         for function in resolver.w.functions:
