@@ -33,7 +33,9 @@ def test_synced_towers_match_the_global_batch(tmp_path: Path) -> None:
         assert {t["name"] for t in synced[bn]["tensors"]} >= {"moving_mean", "moving_variance"}
         assert synced[bn]["max_rel"] < report["tolerance"] < 1e-2 < unsynced[bn]["max_rel"]
     assert unsynced["(output)"]["max_rel"] > 1e-2
-    assert report["fidelity"][0]["converted"] == 2 and report["fidelity"][0]["max_abs"] == 0
+    # the inference graph per tower vs the whole batch: exact on some CPUs, float32 rounding on
+    # others (TF's CPU kernels block a 4-example slice differently from 8: 3e-8 seen on one)
+    assert report["fidelity"][0]["converted"] == 2 and report["fidelity"][0]["max_rel"] < 1e-6
     assert (tmp_path / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"\ntf1 build fp32: synced max rel {report['synced']['max_rel']:.1e}, unsynced "
           f"{report['unsynced']['max_rel']:.1e}, {report['seconds']['total']} s")
