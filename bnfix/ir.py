@@ -550,6 +550,19 @@ class ModelStep:
     builders: tuple[Builder, ...] = ()
 
 
+class Switch(NamedTuple):
+    """A test of one name alone: its truth (`if batch_norm:`) or its comparison with a literal
+    (`if norm == "batch":`, `if mode is not None:`)."""
+
+    name: str
+    literal: object = None
+    equal: bool | None = None  # None: the test is the name's truth
+
+    def holds(self, value: object) -> bool:
+        """Whether the test holds where the name has this value."""
+        return bool(value) if self.equal is None else (value == self.literal) == self.equal
+
+
 class Condition(NamedTuple):
     """An enclosing `if` test: which `if` (an id within the module), its text, and whether
     the step is in its `else` branch."""
@@ -558,6 +571,23 @@ class Condition(NamedTuple):
     text: str
     negated: bool
     uses: frozenset[str] = frozenset()  # names the test depends on, through local assignments
+    names_at: tuple[tuple[int, str], ...] = ()  # (offset in `text`, name) of each name it reads
+    switch: Switch | None = None  # the test reads one name alone
+
+    def renamed(self, names: dict[str, str]) -> Condition:
+        """The test as a caller writes it, each name of `names` replaced by the caller's
+        (only the names the test reads: not attributes or strings that look the same)."""
+        text, spots, shift = self.text, [], 0
+        for at, name in sorted(self.names_at):
+            new = names.get(name, name)
+            text = text[:at + shift] + new + text[at + shift + len(name):]
+            spots.append((at + shift, new))
+            shift += len(new) - len(name)
+        switch = self.switch
+        if switch is not None:
+            switch = switch._replace(name=names.get(switch.name, switch.name))
+        return Condition(-1, text, self.negated, frozenset(n for _, n in spots), tuple(spots),
+                         switch)
 
     def excludes(self, other: Condition) -> bool:
         """The two cannot both hold: the two branches of one `if`, or tests that contradict
@@ -623,7 +653,9 @@ class Builder(NamedTuple):
     # where `inputs` is made on are its own
     since: Pos | None = None
     local_class: str | None = None  # it constructs this class of the file
-    qualname: str | None = None  # what the call resolves to (`torch.nn.Linear`), when known
+    # it builds a library layer or container that holds no BatchNorm unless it is given one
+    # (`nn.Linear(...)`, `nn.Sequential(...)`: the catalogue's `bn_free` prefixes)
+    bn_free_library: bool = False
 
 
 @dataclass

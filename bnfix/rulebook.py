@@ -501,8 +501,8 @@ def _runtime_example(ex: dict[str, Any], kind: str, i: int, path: Path) -> Examp
 
 # the catalogue's vocabulary tables for the source analysis (merged across files) …
 TRAINING_TABLES = ("functions", "methods", "collections", "train_ops", "variable_sources",
-                   "collection_sources", "training_flags", "optimizers", "restores", "summary",
-                   "removed_by_keras3")
+                   "collection_sources", "training_flags", "optimizers", "bn_free", "restores",
+                   "summary", "removed_by_keras3")
 # … and every top-level key a catalogue file may have (`module`: bnfix.torch's conversions)
 CATALOGUE_KEYS = frozenset({"alias", "api", "migration", "layer", "module", *TRAINING_TABLES})
 

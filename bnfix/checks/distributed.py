@@ -271,7 +271,7 @@ def _holds_no_bn(module: ModuleIR, wrap: ModelStep) -> bool:
         not any(built_by(s, b) for s in sites)
         and not any(b.span.start <= m.span.start and m.span.end <= b.span.end
                     for m in module.bn_models)
-        and (b.local_class is not None or (b.qualname or "").startswith("torch.nn."))
+        and (b.local_class is not None or b.bn_free_library)
         for b in wrap.builders)
 
 

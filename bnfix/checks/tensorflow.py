@@ -4,7 +4,6 @@ into the wrong BN parameter (BN013, every framework)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -521,7 +520,7 @@ def _carried(condition: Condition, function: FunctionInfo | None, binding: Bindi
     caller's for; None where it is not so carried."""
     if function is target:
         return condition
-    text, names = condition.text, condition.uses
+    names = condition.uses
     for callee, site in binding.chain:
         passed = {}
         for name in names:
@@ -533,11 +532,10 @@ def _carried(condition: Condition, function: FunctionInfo | None, binding: Bindi
             passed[name] = written
         if not passed:
             return None
-        text = re.sub(r"\b(" + "|".join(map(re.escape, passed)) + r")\b",
-                      lambda m, names=passed: names[m.group(1)], text)
-        names = frozenset(passed.values())
+        condition = condition.renamed(passed)
+        names = condition.uses
         if site.caller is target:
-            return Condition(-1, text, condition.negated, names)
+            return condition
     return None
 
 

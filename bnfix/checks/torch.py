@@ -4,10 +4,9 @@ undoes (BN102), SyncBN converted after the wrap/optimizer (BN103), a bias right 
 
 from __future__ import annotations
 
-import ast
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.keras import frozen_in_inference
@@ -384,27 +383,9 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
                                f"(for instance `{name}=not <the switch that adds the BN>`)")
             yield Finding("BN104", layer.call.span, message, fix, _related(pair))
             continue
-        loads = module.marks_of("loads_weights")
-        if loads:
-            fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only with weights that lack it: "
-                               f"the project loads trained weights (for instance at "
-                               f"{loads[0].where()}); a checkpoint saved with this bias (and BN "
-                               "statistics that absorbed it) would no longer load strictly")
-            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
-            continue
-        by_name = module.marks_of("bias_by_name")
-        if by_name:
-            fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only where no code looks it up: "
-                               f"the project reads bias parameters by name (for instance at "
-                               f"{by_name[0].where()}), and a dropped bias breaks that lookup")
-            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
-            continue
-        used = module.marks_of("bias_used")
-        if used:
-            fix = Fix(DISPLAY, f"Drop the bias (`{name}=False`) only where no code uses it: the "
-                               f"project uses layers' bias parameters without checking that they "
-                               f"exist (for instance at {used[0].where()}: `None` once dropped)")
-            yield Finding("BN104", layer.call.span, message, fix, _related(pair))
+        kept = _bias_kept_by(module, name)
+        if kept is not None:
+            yield Finding("BN104", layer.call.span, message, Fix(DISPLAY, kept), _related(pair))
             continue
         if layer.bias is not None:
             edit = Edit(layer.bias.value_span, "False")
@@ -414,6 +395,31 @@ def bias_before_bn(module: ModuleIR) -> Iterator[Finding]:
             edit = Edit(Span.at(layer.call.args_end), f", {name}=False")
         yield Finding("BN104", layer.call.span, message,
                       Fix(UNSAFE, f"Drop the bias: `{name}=False`", (edit,)), _related(pair))
+
+
+# Project-wide uses of a bias that dropping it would break, each with the reason the fix gives
+# (the project's marks: see `bnfix.source.walk`).
+_BIAS_NEEDED_BY = (
+    ("loads_weights", ("Drop the bias (`{name}=False`) only with weights that lack it: the project "
+                      "loads trained weights (for instance at {where}); a checkpoint saved with "
+                      "this bias (and BN statistics that absorbed it) would no longer load "
+                      "strictly")),
+    ("bias_by_name", ("Drop the bias (`{name}=False`) only where no code looks it up: the project "
+                     "reads bias parameters by name (for instance at {where}), and a dropped bias "
+                     "breaks that lookup")),
+    ("bias_used", ("Drop the bias (`{name}=False`) only where no code uses it: the project uses "
+                  "layers' bias parameters without checking that they exist (for instance at "
+                  "{where}: `None` once dropped)")),
+)
+
+
+def _bias_kept_by(module: ModuleIR, name: str) -> str | None:
+    """Why the bias must stay until the user looks (the first project mark that needs it)."""
+    for kind, reason in _BIAS_NEEDED_BY:
+        marks = module.marks_of(kind)
+        if marks:
+            return reason.format(name=name, where=marks[0].where())
+    return None
 
 
 def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | None:
@@ -439,41 +445,24 @@ def _biased_by_default(value: object, bn: BNSite) -> tuple[FromParam, str] | Non
 
 
 BINDING_LIMIT = 64  # calling contexts read before giving up (then the finding stays)
-Test = Callable[[object], bool]  # whether a switch's value makes its `if` test hold
-# a test comparing a parameter with a literal: `norm == "batch"`, `mode is not None`
-_COMPARED = re.compile(r"^\(?\s*(?P<name>[A-Za-z_]\w*)\s*(?P<op>==|!=|is not|is)\s*"
-                       r"(?P<literal>[^=!<>()]+?)\s*\)?$")
 
 
-def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromParam, Test]]:
-    """The conditions the BN is built under that test a parameter of `function`: the
+def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromParam]]:
+    """The conditions the BN is built under that test a parameter of `function` alone: the
     parameter itself (`if batch_norm:`) or its comparison with a literal (`if norm ==
-    "batch":`), each with what makes the test hold."""
-    out = []
-    for c in bn.conditions:
-        if c.text.isidentifier() and c.text in function.params:
-            out.append((c, FromParam(function, c.text, None), bool))
-            continue
-        match = _COMPARED.match(c.text)
-        if match is None or match["name"] not in function.params:
-            continue
-        try:
-            literal = ast.literal_eval(match["literal"])
-        except (ValueError, SyntaxError):
-            continue
-        equal = match["op"] in ("==", "is")
-        out.append((c, FromParam(function, match["name"], None),
-                    lambda value, literal=literal, equal=equal: (value == literal) == equal))
-    return out
+    "batch":`)."""
+    return [(c, FromParam(function, c.switch.name, None)) for c in bn.conditions
+            if c.switch is not None and c.switch.name in function.params]
 
 
-def _unbuilt(binding: Binding, switches: list[tuple[Condition, FromParam, Test]],
+def _unbuilt(binding: Binding, switches: list[tuple[Condition, FromParam]],
              defaults: bool = True) -> bool:
     """In this calling context a switch the BN is built under is a constant that makes its
     test false (`defaults` False: a parameter of an outer function no call reaches is not
     known)."""
     return any(isinstance(value := binding.value(param, defaults), Const) and
-               bool(holds(value.value)) == c.negated for c, param, holds in switches)
+               c.switch is not None and c.switch.holds(value.value) == c.negated
+               for c, param in switches)
 
 
 def _built_in_no_call(bn: BNSite) -> bool:
@@ -504,8 +493,8 @@ def _always_built(bn: BNSite) -> bool:
         return False
     contexts = list(bindings(function, limit=BINDING_LIMIT + 1))
     return len(contexts) <= BINDING_LIMIT and all(
-        isinstance(value := b.value(param, False), Const) and bool(holds(value.value)) != c.negated
-        for b in contexts for c, param, holds in switches)
+        isinstance(value := b.value(param, False), Const) and c.switch is not None
+        and c.switch.holds(value.value) != c.negated for b in contexts for c, param in switches)
 
 
 def _related(pair: BiasBeforeBN) -> tuple[Related, ...]:

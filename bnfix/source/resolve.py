@@ -275,9 +275,7 @@ class Resolver:
         guard = None
         for name, classes in ctx.guards:
             if name == owner:
-                options = classes.elts if isinstance(classes, ast.Tuple) else [classes]
-                for option in options:
-                    spec = self.w.cat.apis.get(self.w.qualname(option) or "")
+                for spec in self.w.guard_specs(classes):
                     if spec is not None:
                         guard = spec.ref
         return AttributeSet(target.attr, self.value(value, ctx.function), self.text.span(stmt),
@@ -902,7 +900,8 @@ class Resolver:
                 made = self.w.defs.get((fkey(function), inputs.id), ()) \
                     if isinstance(inputs, ast.Name) else ()
                 since = self.text.span(made[0][1]).start if made else function.span.start
-            out.append(Builder(self.text.span(value), function, since, local, qual or None))
+            out.append(Builder(self.text.span(value), function, since, local,
+                               bool(qual) and qual.startswith(self.vocab.bn_free_prefixes)))
         return tuple(out)
 
     def model_builders(self, expr: ast.expr, function: FunctionInfo | None, stmt: ast.stmt

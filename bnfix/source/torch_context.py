@@ -28,6 +28,7 @@ from bnfix.ir import (
     Region,
     Related,
     ShadowedMethod,
+    Switch,
     is_const,
 )
 from bnfix.source.calls import call_info, unpacks
@@ -92,11 +93,9 @@ class TorchContext:
                 return True
             if guarded != name:
                 continue
-            options = test.elts if isinstance(test, ast.Tuple) else [test]
-            for option in options:
-                spec = self.w.cat.apis.get(self.w.qualname(option) or "")
-                if spec is not None and (not updating or spec.updates == "module"):
-                    return True
+            if any(spec is not None and (not updating or spec.updates == "module")
+                   for spec in self.w.guard_specs(test)):
+                return True
         return False
 
     def _region(self, node: ast.AST | None) -> Region | None:
@@ -963,9 +962,32 @@ def _passed(call: ast.Call, init: FunctionInfo, name: str) -> tuple[object, ast.
 def conditions_of(text: SourceText, raw: RawCall,
                   uses: Callable[[ast.expr], frozenset[str]] | None = None) -> tuple[Condition, ...]:
     """The `if` tests a call runs under (with the names each depends on, given `uses`)."""
-    return tuple(Condition(id(test), text.slice(text.span(test)), negated,
-                           uses(test) if uses is not None else frozenset())
-                 for negated, test in raw.ctx.conditions)
+    out = []
+    for negated, test in raw.ctx.conditions:
+        start = text.offset(text.span(test).start)
+        names_at = tuple((text.offset(text.span(n).start) - start, n.id) for n in ast.walk(test)
+                         if isinstance(n, ast.Name))
+        out.append(Condition(id(test), text.slice(text.span(test)), negated,
+                             uses(test) if uses is not None else frozenset(), names_at,
+                             _switch(test)))
+    return tuple(out)
+
+
+_EQUALITY = {ast.Eq: True, ast.Is: True, ast.NotEq: False, ast.IsNot: False}
+
+
+def _switch(test: ast.expr) -> Switch | None:
+    """`batch_norm`, `norm == "batch"`, `mode is not None`: a test of one name alone."""
+    if isinstance(test, ast.Name):
+        return Switch(test.id)
+    if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and \
+            len(test.ops) == 1 and type(test.ops[0]) in _EQUALITY:
+        try:
+            literal = ast.literal_eval(test.comparators[0])
+        except (ValueError, TypeError, RecursionError):  # not a literal
+            return None
+        return Switch(test.left.id, literal, _EQUALITY[type(test.ops[0])])
+    return None
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:

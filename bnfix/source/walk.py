@@ -33,6 +33,7 @@ class Vocabulary(NamedTuple):
     coll_sources: dict[str, frozenset[str]]
     training_flags: frozenset[str]
     optimizer_prefixes: tuple[str, ...]
+    bn_free_prefixes: tuple[str, ...]  # library layers that hold no BN unless given one
     ema_restore_methods: frozenset[str]
     weight_methods: frozenset[str]
     weight_functions: frozenset[str]
@@ -70,6 +71,7 @@ def vocabulary(catalogue: Catalogue) -> Vocabulary:
         coll_sources={k: frozenset(v) for k, v in tf1.get("collection_sources", {}).items()},
         training_flags=frozenset(tf1.get("training_flags", {}).get("names", ())),
         optimizer_prefixes=tuple(tf1.get("optimizers", {}).get("prefixes", ())),
+        bn_free_prefixes=tuple(tf1.get("bn_free", {}).get("prefixes", ())),
         ema_restore_methods=frozenset(restores.get("ema_methods", ())),
         weight_methods=frozenset(restores.get("weight_methods", ())),
         weight_functions=frozenset(restores.get("weight_functions", ())),
@@ -377,19 +379,20 @@ class Walker:
         owner = bias.value
         if not isinstance(owner, ast.Name):
             return False
-        for name, classes in ctx.guards:
-            options = classes.elts if isinstance(classes, ast.Tuple) else [classes]
-            if name == owner.id and all(self.cat.apis.get(self.qualname(o) or "") is not None
-                                        for o in options):
-                return True
-        return False
+        return any(name == owner.id and all(s is not None for s in self.guard_specs(classes))
+                   for name, classes in ctx.guards)
+
+    def guard_specs(self, classes: ast.expr) -> list[ApiSpec | None]:
+        """The catalogue's BN spec of each class an `isinstance` test names (`(A, B)` or `A`),
+        None for a class the catalogue does not know."""
+        options = classes.elts if isinstance(classes, ast.Tuple) else [classes]
+        return [self.cat.apis.get(self.qualname(option) or "") for option in options]
 
     def _plain_bn_only(self, classes: ast.expr) -> bool:
         """`isinstance(m, nn.BatchNorm2d)`: a test of BN classes of the catalogue that a torch
         plain BN passes and its synchronized counterpart (what a conversion makes of it) does
         not (a class the catalogue does not know may be a base of both: not such a test)."""
-        items = classes.elts if isinstance(classes, ast.Tuple) else [classes]
-        specs = [self.cat.apis.get(self.qualname(item) or "") for item in items]
+        specs = self.guard_specs(classes)
         return bool(specs) and all(s is not None and s.framework == "torch" and not s.synced
                                    and s.synced_counterpart for s in specs)
 
