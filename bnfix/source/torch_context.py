@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import itertools
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -181,13 +182,32 @@ class TorchContext:
                 out.append((raw, target))
         return out
 
+    def _own_method_calls(self) -> list[tuple[RawCall, FunctionInfo]]:
+        """`self.evaluate(...)` in a method: calls of the class's own methods on the instance."""
+        by_qualname = {f.qualname: f for f in self.w.functions}
+        out = []
+        for raw in self.w.local_calls:
+            func, caller = raw.call.func, raw.ctx.function
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and \
+                    func.value.id == "self" and caller is not None and caller.class_name:
+                target = by_qualname.get(f"{caller.class_name}.{func.attr}")
+                if target is not None:
+                    out.append((raw, target))
+        return out
+
     def _helper_evals(self, calls: list[ModeCall]) -> list[ModeCall]:
-        """`set_eval(model)` where `def set_eval(m): m.eval()`: an eval of `model`."""
+        """`set_eval(model)` where `def set_eval(m): m.eval()`: an eval of `model`; and
+        `self._prep_for_test()` where that method calls `self.net.eval()`: an eval of
+        `self.net`."""
         helpers: dict[int, int] = {}  # function -> index of the parameter it puts in eval mode
+        own: dict[int, set[str]] = defaultdict(set)  # method -> attributes of self it evals
         for call in calls:
             f = call.function
             if call.kind == "eval" and f is not None and call.target in f.params:
                 helpers.setdefault(id(f), f.params[call.target].index)
+            elif call.kind == "eval" and f is not None and f.class_name and \
+                    call.target.startswith("self."):
+                own[id(f)].add(call.target)
         out = []
         for raw, f in self._module_function_calls():
             index = helpers.get(id(f))
@@ -195,6 +215,10 @@ class TorchContext:
                 out.append(ModeCall("eval", self._text(raw.call.args[index]),
                                     self.text.span(raw.call), self.r.statement(raw.stmt),
                                     raw.ctx.function, False))
+        for raw, f in self._own_method_calls():
+            out.extend(ModeCall("eval", target, self.text.span(raw.call),
+                                self.r.statement(raw.stmt), raw.ctx.function, False)
+                       for target in sorted(own.get(id(f), ())))
         return out
 
     def _callers_eval(self, module: ModuleIR) -> None:
@@ -203,12 +227,14 @@ class TorchContext:
         evals = [m for m in module.mode_calls if m.kind == "eval"]
         with_calls = {id(m.function) for m in module.model_calls if m.function is not None}
         sites: dict[int, list[tuple[RawCall, FunctionInfo]]] = {}
-        for raw, f in self._module_function_calls():
+        for raw, f in [*self._module_function_calls(), *self._own_method_calls()]:
             if id(f) in with_calls:
                 sites.setdefault(id(f), []).append((raw, f))
         for calls in sites.values():
             f = calls[0][1]
             ordered = sorted((p for p in f.params.values() if p.positional), key=lambda p: p.index)
+            if f.class_name and ordered and ordered[0].name in ("self", "cls"):
+                ordered = ordered[1:]  # called on the instance: `self` is not among the arguments
             items = self._param_items(f)
             prepared: set[str] | None = None
             for raw, _ in calls:
@@ -225,6 +251,8 @@ class TorchContext:
                         here.add(local)
                 if "<locals>" in f.qualname:  # a closure sees the caller's names themselves
                     here |= before
+                elif f.class_name:  # `self.evaluate()`: the same instance, its attributes
+                    here |= {target for target in before if target.startswith("self.")}
                 prepared = here if prepared is None else prepared & here
             f.callers_eval = frozenset(prepared or ())
 
