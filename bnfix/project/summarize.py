@@ -292,6 +292,10 @@ class Summarizer:
                         for v in self.w.returns.get(id(function), ())}
             if step.assigned in returned or step.text.strip().startswith("return "):
                 owned.add(f"returns:{kind}")
+        for mode in self.module.mode_calls:  # `def set_eval(m): m.eval()`: an eval helper
+            function = mode.function
+            if mode.kind == "eval" and function is not None and mode.target in function.params:
+                facts.setdefault(function.qualname, set()).add(f"eval_param:{mode.target}")
         for mark in self.module.marks:
             if mark.kind.startswith("registers:"):
                 facts.setdefault(mark.function or MODULE_SCOPE, set()).add(mark.kind)

@@ -32,6 +32,7 @@ from bnfix.ir import (
     FreezeCall,
     FromParam,
     FunctionInfo,
+    ModeCall,
     ModelStep,
     ModuleIR,
     Origin,
@@ -113,7 +114,7 @@ class HelperStep(NamedTuple):
     helper: str
 
 
-STEP_KINDS = ("model_wrap", "model_wrap_replicas", "optimizer", "sync_convert")
+STEP_KINDS = ("model_wrap", "model_wrap_replicas", "optimizer", "sync_convert", "eval")
 
 
 @dataclass
@@ -498,13 +499,19 @@ class ProjectView:
                                                                       built)
 
     def _attach_steps(self, resolver: Resolver, module: ModuleIR, summarizer: Summarizer) -> None:
-        """Helpers that wrap a model, build its optimizer or convert its BN (BN103, BN006)."""
+        """Helpers that wrap a model, build its optimizer or convert its BN (BN103, BN006),
+        or put it in eval mode (composer's `model_eval_mode(model)` context manager: BN101)."""
         for raw, record in summarizer.call_records():
             for step in self.context.steps.get(record.loc, ()):
                 target = step.target if step.target is not None else record.assigned
                 if target is None:
                     continue
                 stmt = resolver.statement(raw.stmt)
+                if step.kind == "eval":
+                    if step.target is not None:
+                        module.mode_calls.append(ModeCall("eval", target, resolver.text.span(
+                            raw.call), stmt, raw.ctx.function, False))
+                    continue
                 given = next((a for a in (*raw.call.args, *(k.value for k in raw.call.keywords))
                               if resolver.text.slice(resolver.text.span(a)) == step.target),
                              None) if step.kind == "model_wrap" and step.replicas else None
