@@ -18,6 +18,7 @@ from bnfix.ir import (
     Unknown,
     Value,
     bindings,
+    is_const,
     is_string,
 )
 from bnfix.rulebook import ApiRef, Migration
@@ -240,8 +241,8 @@ TF_MESSAGE = (
 def momentum_convention(module: ModuleIR) -> Iterator[Finding]:
     seen: set[Span | None] = set()
     for site in module.all_bn_sites():
-        if hard_wired(site):
-            continue  # the moving statistics are never used: their momentum does not matter
+        if hard_wired(site) or is_const(site.value("track_running_stats"), False):
+            continue  # the moving statistics are never used (or kept): momentum does not matter
         convention = site.api.momentum_convention
         if convention not in ("tf", "torch"):
             continue
