@@ -767,8 +767,9 @@ class TorchContext:
         if len(args) != 1:
             return [list(args)]
         only = args[0].value if isinstance(args[0], ast.Starred) else args[0]
-        if isinstance(only, (ast.List, ast.Tuple)):
-            return [list(only.elts)]
+        literal = _literal_runs(only)
+        if literal:
+            return literal
         named = self._named_modules(only)
         if named is not None:
             return [named]
@@ -807,8 +808,9 @@ class TorchContext:
                 last_append = stmt
                 continue
             last_append = None
-            if isinstance(value, (ast.List, ast.Tuple)):
-                runs.append(list(value.elts))
+            literal = _literal_runs(value)
+            if literal:
+                runs += literal
             elif isinstance(held, ast.Name) and self._empty_ordered_dict(value):
                 # `head = OrderedDict()`, then `head['fc1'] = nn.Linear(...)`, `head['bn2'] =
                 # nn.BatchNorm1d(...)` (suncet's prediction heads)
@@ -985,6 +987,29 @@ def _passed(call: ast.Call, init: FunctionInfo, name: str) -> tuple[object, ast.
         default = param.default
         return (default.value if isinstance(default, Const) else UNKNOWN_VALUE), None
     return (node.value if isinstance(node, ast.Constant) else UNKNOWN_VALUE), node
+
+
+def _literal_runs(value: ast.expr) -> list[list[ast.expr]]:
+    """The items of a list literal, or of list literals added together (`[conv, bn] + ([act]
+    if last else []) + [drop]`, fairseq's Postnet): the literals that follow each other make
+    one run, any other term (a branch, a name) ends it."""
+    terms: list[ast.expr] = []
+    todo = [value]
+    while todo:  # the `+` chain, left to right
+        term = todo.pop()
+        if isinstance(term, ast.BinOp) and isinstance(term.op, ast.Add):
+            todo += [term.right, term.left]
+        else:
+            terms.append(term)
+    if not any(isinstance(t, (ast.List, ast.Tuple)) for t in terms):
+        return []
+    runs: list[list[ast.expr]] = [[]]
+    for term in terms:
+        if isinstance(term, (ast.List, ast.Tuple)):
+            runs[-1] += term.elts
+        elif runs[-1]:
+            runs.append([])
+    return [run for run in runs if run]
 
 
 def conditions_of(text: SourceText, raw: RawCall,
