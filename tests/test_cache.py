@@ -750,3 +750,25 @@ def test_inspect_cache_files_of_other_keys_are_pruned_by_their_own_prefix(tmp_pa
     assert [p.exists() for p in paths] == [False, True]
     prune_other_keys(tmp_path / "89abcdef0123456789abcdef.jsonl", "", ".jsonl")
     assert not paths[1].exists()
+
+
+def test_names_a_star_import_binds_follow_the_star_imported_module(tree):
+    """`from ..imports import *` binds the library names of the project's own `imports.py`
+    (tsai): the model file's BN and conv are torch's through them, and an edit of `imports.py`
+    alone (the model file unchanged, its findings cached) changes what the model file's names
+    are."""
+    model = ("from ..imports import *\n\n\nclass Block(nn.Module):\n"
+             "    def __init__(self):\n        super().__init__()\n"
+             "        self.conv = nn.Conv1d(3, 8, 3)\n        self.bn = nn.BatchNorm1d(8)\n\n"
+             "    def forward(self, x):\n        return self.bn(self.conv(x))\n")
+    root = tree({"pyproject.toml": "[tool.bnfix]\n", "pkg/__init__.py": "",
+                 "pkg/imports.py": "import torch\nimport torch.nn as nn\n",
+                 "pkg/models/__init__.py": "", "pkg/models/block.py": model})
+
+    def found(**options):
+        return [(d.code, Path(d.path).relative_to(root).as_posix(), d.span.start.row)
+                for d in _lint(root, extend_select=["BN104"], **options).remaining]
+
+    assert found() == found() == found(cache=False) == [("BN104", "pkg/models/block.py", 7)]
+    (root / "pkg/imports.py").write_text("import torch\nimport torch_geometric.nn as nn\n")
+    assert found() == found(cache=False) == []

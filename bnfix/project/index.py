@@ -176,6 +176,31 @@ class ProjectIndex:
                     return hit
         return ()
 
+    def star_names(self, module: str) -> dict[str, dict[str, str]]:
+        """For each first-party module `module` star-imports, the library names that import
+        binds (its own library imports, and those of the modules it star-imports in turn)."""
+        summary = self.summaries.get(module)
+        out = {}
+        for star in summary.star_imports if summary is not None else ():
+            found = self._locate(star, summary.path, 0)  # type: ignore[union-attr]
+            if found is not None and not found[1]:
+                names = self._library_names(found[0], frozenset({module}), 0)
+                if names:
+                    out[star] = names
+        return out
+
+    def _library_names(self, module: str, via: frozenset[str], depth: int) -> dict[str, str]:
+        summary = self.summaries.get(module)
+        if summary is None or module in via or depth > MAX_DEPTH:
+            return {}
+        names: dict[str, str] = {}
+        for star in summary.star_imports:  # bound first: the module's own imports come after
+            found = self._locate(star, summary.path, depth + 1)
+            if found is not None and not found[1]:
+                names.update(self._library_names(found[0], via | {module}, depth + 1))
+        names.update(summary.library_imports)
+        return names
+
     def _construction(self, module: str, cls: str, depth: int) -> tuple[Target, ...]:
         out = []
         for name in CONSTRUCTION:

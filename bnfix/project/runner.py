@@ -281,7 +281,8 @@ class ProjectRunner:
         summarised in this run (a cached one's callees were summarised when it was, and stay
         so: a file without BN words that had a summary is summarised again when it changes).
         One level: what those modules call is not followed (a wrapper is recognised within its
-        own file)."""
+        own file). The first-party modules a summarised file star-imports too: the library
+        names they bind are that file's (tsai's `from ..imports import *`, which binds `nn`)."""
         assert self._modules is not None
         wanted: dict[str, Plan] = {}
         for plan in plans:
@@ -295,6 +296,12 @@ class ProjectRunner:
             summary = plan.done.summary if plan.done is not None else None
             if summary is None:
                 continue
+            for star in summary.star_imports:
+                found = self._modules.resolve(star, plan.absolute)
+                module = by_path.get(os.path.abspath(found[0].path)) if found and not found[1] \
+                    else None
+                if module is not None and not module.summarised and not _failed(module):
+                    wanted.setdefault(module.absolute, module)
             for function in summary.functions.values():
                 if not function.bn:
                     continue

@@ -120,8 +120,10 @@ class Worker:
         project = None
         try:
             if module is not None:
-                project = FileProject(path, module.module_id, module.context(self.first_party),
-                                      known)
+                context = module.context(self.first_party)
+                if known is not None and known.star_names:
+                    context = context._replace(star_names=known.star_names)
+                project = FileProject(path, module.module_id, context, known)
             return self.check(path, project, fix=fix, unsafe=unsafe, ignored=ignored, known=None)
         except Exception:  # noqa: BLE001 - a bnfix bug: reported for this file, the others go on
             return FileResult(path, ignored=ignored, internal=traceback.format_exc())
@@ -216,6 +218,11 @@ class Worker:
             return FileResult(path, self.engine._error(path, exc, ignored), digest=digest,
                               ignored=ignored)
         lifted = kept[2] if kept is not None and kept[0] == digest else None
+        if lifted is not None and project is not None and project.context.star_names:
+            own = lifted.resolver.w.imports.bindings()
+            if any(name not in own for names in project.context.star_names.values()
+                   for name in names):
+                lifted = None  # lifted without names its star imports bind: lift it again
         try:
             if fix:
                 result = self.engine.fix_text(decoded.text, path, unsafe, ignored, project, lifted)

@@ -101,6 +101,8 @@ class Summarizer:
             imports={local: target for local, target in self.w.imports.bindings().items()
                      if self.w.imports.first_party(target)},
             star_imports=tuple(self.w.imports.star),
+            library_imports={local: target for local, target in self.w.imports.bindings().items()
+                             if not self.w.imports.first_party(target)},
             functions=functions,
             classes=classes,
             constants=self._constants(),

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-FORMAT = 3
+FORMAT = 4
 Loc = tuple[int, int, int, int]  # start row, start column, end row, end column (0-based cols)
 MODULE_SCOPE = "<module>"  # the pseudo-function holding a module's top-level code
 # a class fact that states its Keras `call` signature (BN012), not anything about BN: it does
@@ -142,6 +142,8 @@ class ModuleSummary:
     path: str
     imports: dict[str, str] = field(default_factory=dict)  # local name -> absolute dotted target
     star_imports: tuple[str, ...] = ()
+    # library names it binds (`nn` -> `torch.nn`): what `from this import *` binds elsewhere
+    library_imports: dict[str, str] = field(default_factory=dict)
     functions: dict[str, FunctionSummary] = field(default_factory=dict)
     classes: dict[str, ClassSummary] = field(default_factory=dict)
     constants: dict[str, Ref] = field(default_factory=dict)
@@ -158,6 +160,7 @@ class ModuleSummary:
             "module": self.module, "import_name": self.import_name,
             "path": self.path, "imports": dict(sorted(self.imports.items())),
             "star": list(self.star_imports), "facts": list(self.facts),
+            "library": dict(sorted(self.library_imports.items())),
             "marks": [[k, list(lc), f] for k, lc, f in self.marks],
             "constants": {k: v.to_data() for k, v in sorted(self.constants.items())},
             "functions": [_function_data(f) for f in self.functions.values()],
@@ -178,7 +181,7 @@ class ModuleSummary:
         summary = ModuleSummary(
             module=data["module"], import_name=data["import_name"], path=data["path"],
             imports=dict(data["imports"]), star_imports=tuple(data["star"]),
-            functions=functions, classes=classes,
+            library_imports=dict(data["library"]), functions=functions, classes=classes,
             constants={k: Ref.from_data(v) for k, v in data["constants"].items()},
             facts=tuple(data["facts"]),
             marks=tuple((k, tuple(lc), f) for k, lc, f in data["marks"]),  # type: ignore[misc]

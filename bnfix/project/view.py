@@ -134,11 +134,13 @@ class FileContext:
     instances: dict[Loc, ClassInfo] = field(default_factory=dict)  # calls that build a class
     imported: bool = True  # some other module of the project imports or calls into it
     steps: dict[Loc, list[HelperStep]] = field(default_factory=dict)  # calls of set-up helpers
+    # library names bound by its star imports of first-party modules (ModuleContext's)
+    star_names: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not (self.reaches or self.calls or self.other_marks or self.facts or self.steps or
-                    self.instances) and self.imported
+                    self.instances or self.star_names) and self.imported
 
     def digest(self) -> str:
         """A digest of all of it: the check of a file reads the project only through its
@@ -213,6 +215,7 @@ def file_context(index: ProjectIndex, module_id: str,
     context.other_marks = bool(index.marked_files() - {summary.path})
     context.apis = index.project_apis()
     context.notes = list(dict.fromkeys(index.gave_up))
+    context.star_names = index.star_names(module_id)
     return context
 
 

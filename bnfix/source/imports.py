@@ -15,11 +15,14 @@ from typing import NamedTuple
 
 class ModuleContext(NamedTuple):
     """Where a file sits in its project: its import name, whether it is a package
-    (`__init__.py`), and the top-level names that are the project's own."""
+    (`__init__.py`), and the top-level names that are the project's own; in the checking step,
+    the library names each first-party module it star-imports binds (`from .imports import *`
+    where that module does `import torch.nn as nn`: `nn` is `torch.nn` here too)."""
 
     import_name: str
     package: bool
     first_party: frozenset[str]
+    star_names: dict[str, dict[str, str]] | None = None  # module -> local name -> target
 
     def absolute(self, level: int, module: str | None) -> str | None:
         """`from ..models import x` -> the absolute dotted module it names."""
@@ -72,6 +75,10 @@ class ImportTable:
                 if node.level or self.first_party(module):
                     if module not in self.star:
                         self.star.append(module)
+                    names = (self.context.star_names or {}).get(module, {}) \
+                        if self.context is not None else {}
+                    for local, target in names.items():
+                        self._set(local, target)
                 elif module not in self.library_star:
                     self.library_star.append(module)
                 continue
