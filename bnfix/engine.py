@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.checks import ENGINE_CODES, Check, registry
+from bnfix.checks.names import is_test_module
 from bnfix.config import CURRENT_TENSORFLOW
 from bnfix.findings import Applicability, Diagnostic, FileResult, Pos, RelatedLocation, Span
 from bnfix.rulebook import ApiSpec, RuleBook
@@ -27,14 +28,6 @@ MAX_FIX_PASSES = 10
 # A rule trigger that stands for the BN API names of the catalogue (`@bn-apis:tensorflow`:
 # those of one framework): a file that mentions none of them cannot hold a BN site.
 BN_APIS = "@bn-apis"
-
-
-def is_test_module(path: str) -> bool:
-    """`test_x.py`, `x_test.py`, `conftest.py` or anything under a `tests`/`testing` folder."""
-    parts = path.replace("\\", "/").split("/")
-    name = parts[-1]
-    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py" or \
-        any(part in ("tests", "test", "testing") for part in parts[:-1])
 
 
 SNIPPET_WIDTH = 200  # characters of a row shown around a finding (a minified row is not shown whole)

@@ -693,3 +693,20 @@ def test_bn104_in_module_lists_names_the_container_and_edits_nothing(tmp_path: P
     assert finding.span.start.row == 10
     assert finding.fix.applicability is Applicability.DISPLAY_ONLY
     assert "layers of `self.linears`" in finding.fix.message
+
+
+def test_bn104_cites_a_weight_load_outside_the_tests(tmp_path: Path):
+    """keras-hub: BN104's display-only fix named a save/load round trip in `tests/` as where the
+    project loads trained weights while a script loads them too: the script is the example."""
+    write_tree(tmp_path, {
+        "net.py": ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n"
+                   "    def __init__(self):\n        super().__init__()\n"
+                   "        self.features = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n"),
+        "tests/test_net.py": ("import torch\nfrom net import Net\n\n\ndef test_round_trip(path):\n"
+                              "    Net().load_state_dict(torch.load(path))\n"),
+        "zoo/finetune.py": ("import torch\nfrom net import Net\n\nmodel = Net()\n"
+                        "model.load_state_dict(torch.load('published.pth'))\n"),
+    })
+    [finding] = check_paths([tmp_path], select=["BN104"]).remaining
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "zoo/finetune.py:5" in finding.fix.message

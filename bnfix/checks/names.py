@@ -1,8 +1,12 @@
-"""Naming conventions the rules rely on: what a function that evaluates a model is called."""
+"""Naming conventions the rules rely on: what a function that evaluates a model is called, and
+which modules are tests."""
 
 from __future__ import annotations
 
-from bnfix.ir import FunctionInfo
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the engine imports this module on a warm run: no analysis records there
+    from bnfix.ir import FunctionInfo
 
 # Functions that evaluate a model: these exact names, or names with these prefixes/suffixes.
 # Unit tests (`test_*`) are not evaluation code.
@@ -23,3 +27,11 @@ def is_evaluation(function: FunctionInfo | None) -> bool:
     name = function.name.lower().strip("_")
     return name in EVALUATION_NAMES or name.startswith(EVALUATION_PREFIXES) or \
         name.endswith(EVALUATION_SUFFIXES)
+
+
+def is_test_module(path: str) -> bool:
+    """`test_x.py`, `x_test.py`, `conftest.py` or anything under a `tests`/`testing` folder."""
+    parts = path.replace("\\", "/").split("/")
+    name = parts[-1]
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py" or \
+        any(part in ("tests", "test", "testing") for part in parts[:-1])
