@@ -137,8 +137,14 @@ class Binding:
         self.chain = chain
 
     def value(self, value: Value | None, defaults: bool = True) -> Value | None:
-        """With `defaults` False, a parameter of a function no call reaches stays itself."""
-        for function, site in self.chain:
+        """With `defaults` False, a parameter of a function no call reaches stays itself. A
+        parameter of a function further out in the chain (`__init__`'s, for the `_make_layer`
+        it calls) is taken where that function is called."""
+        chain = self.chain
+        if isinstance(value, FromParam):
+            outer = next((i for i, (f, _) in enumerate(chain) if f is value.function), 0)
+            chain = chain[outer:]
+        for function, site in chain:
             if not (isinstance(value, FromParam) and value.function is function):
                 break
             negated = value.negated
@@ -557,6 +563,9 @@ class Switch(NamedTuple):
     name: str
     literal: object = None
     equal: bool | None = None  # None: the test is the name's truth
+    # `if self.batch_norm:` where `__init__` does `self.batch_norm = batch_norm`: `name` is that
+    # parameter of this function (None: a name of the function the test is in)
+    function: FunctionInfo | None = None
 
     def holds(self, value: object) -> bool:
         """Whether the test holds where the name has this value."""

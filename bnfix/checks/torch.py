@@ -454,8 +454,12 @@ def _switches(bn: BNSite, function: FunctionInfo) -> list[tuple[Condition, FromP
     """The conditions the BN is built under that test a parameter of `function` alone: the
     parameter itself (`if batch_norm:`) or its comparison with a literal (`if norm ==
     "batch":`)."""
-    return [(c, FromParam(function, c.switch.name, None)) for c in bn.conditions
-            if c.switch is not None and c.switch.name in function.params]
+    out = []
+    for c in bn.conditions:
+        owner = c.switch.function or function if c.switch is not None else None
+        if owner is not None and c.switch is not None and c.switch.name in owner.params:
+            out.append((c, FromParam(owner, c.switch.name, None)))
+    return out
 
 
 def _unbuilt(binding: Binding, switches: list[tuple[Condition, FromParam]],

@@ -221,6 +221,25 @@ class Resolver:
                    self._derives_from(d.left, frozenset((target,)), function)
                    for d in self.w.divisions)
 
+    def attribute_param(self, node: ast.expr, function: FunctionInfo | None
+                        ) -> tuple[FunctionInfo, str] | None:
+        """`self.batch_norm` in a method of a class whose `__init__` sets it, once in the class
+        and in its body's own statements, to a parameter as passed (`self.batch_norm =
+        batch_norm`): `__init__` and that parameter (mmagic's VGG16, spektral's MLP)."""
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and
+                node.value.id == "self" and function is not None and function.class_name):
+            return None
+        init = self.w.by_qualname().get(f"{function.class_name}.__init__")
+        defs = self.w.defs.get((0, f"{function.class_name}.{node.attr}"), ())
+        if init is None or len(defs) != 1:
+            return None
+        kind, value, stmt = defs[0]
+        if kind != "assign" or not isinstance(value, ast.Name) or value.id not in init.params \
+                or value.id in ("self", "cls") or \
+                not any(s is stmt for s in self.w.function_nodes[id(init)].body):
+            return None
+        return init, value.id
+
     def names_used(self, expr: ast.expr, function: FunctionInfo | None) -> frozenset[str]:
         """The names `expr` depends on: its own, and (through local assignments in
         `function`) those their values were computed from."""
@@ -711,7 +730,8 @@ class Resolver:
         site = BNSite(spec.ref, qual, call_info(self.text, raw.call, align=True), args, raw.ctx.function,
                       unpacked=unpacked, written=raw.written,
                       conditions=conditions_of(self.text, raw, functools.partial(
-                          self.names_used, function=raw.ctx.function)), via_class=via,
+                          self.names_used, function=raw.ctx.function), functools.partial(
+                          self.attribute_param, function=raw.ctx.function)), via_class=via,
                       alternatives=self._alternatives(raw.call.func))
         site.shared_stats = self._shared_stats(raw, spec)
         for name in self._forwarded.get(id(raw.call), ()):

@@ -1012,9 +1012,14 @@ def _literal_runs(value: ast.expr) -> list[list[ast.expr]]:
     return [run for run in runs if run]
 
 
+AttributeParam = Callable[[ast.expr], "tuple[FunctionInfo, str] | None"]
+
+
 def conditions_of(text: SourceText, raw: RawCall,
-                  uses: Callable[[ast.expr], frozenset[str]] | None = None) -> tuple[Condition, ...]:
-    """The `if` tests a call runs under (with the names each depends on, given `uses`)."""
+                  uses: Callable[[ast.expr], frozenset[str]] | None = None,
+                  attribute: AttributeParam | None = None) -> tuple[Condition, ...]:
+    """The `if` tests a call runs under (with the names each depends on, given `uses`; with
+    `attribute`, a test of `self.x` reads as one of the `__init__` parameter it holds)."""
     out = []
     for negated, test in raw.ctx.conditions:
         start = text.offset(text.span(test).start)
@@ -1022,25 +1027,34 @@ def conditions_of(text: SourceText, raw: RawCall,
                          if isinstance(n, ast.Name))
         out.append(Condition(id(test), text.slice(text.span(test)), negated,
                              uses(test) if uses is not None else frozenset(), names_at,
-                             _switch(test)))
+                             _switch(test, attribute)))
     return tuple(out)
 
 
 _EQUALITY = {ast.Eq: True, ast.Is: True, ast.NotEq: False, ast.IsNot: False}
 
 
-def _switch(test: ast.expr) -> Switch | None:
-    """`batch_norm`, `norm == "batch"`, `mode is not None`: a test of one name alone."""
-    if isinstance(test, ast.Name):
-        return Switch(test.id)
-    if isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and \
-            len(test.ops) == 1 and type(test.ops[0]) in _EQUALITY:
-        try:
-            literal = ast.literal_eval(test.comparators[0])
-        except (ValueError, TypeError, RecursionError):  # not a literal
+def _switch(test: ast.expr, attribute: AttributeParam | None) -> Switch | None:
+    """`batch_norm`, `norm == "batch"`, `mode is not None`: a test of one name alone (or of
+    an attribute of `self` that holds an `__init__` parameter, given `attribute`)."""
+    subject = test.left if isinstance(test, ast.Compare) else test
+    if isinstance(subject, ast.Name):
+        name, function = subject.id, None
+    else:
+        held = attribute(subject) if attribute is not None else None
+        if held is None:
             return None
-        return Switch(test.left.id, literal, _EQUALITY[type(test.ops[0])])
-    return None
+        function, name = held
+    if subject is test:
+        return Switch(name, function=function)
+    assert isinstance(test, ast.Compare)
+    if len(test.ops) != 1 or type(test.ops[0]) not in _EQUALITY:
+        return None
+    try:
+        literal = ast.literal_eval(test.comparators[0])
+    except (ValueError, TypeError, RecursionError):  # not a literal
+        return None
+    return Switch(name, literal, _EQUALITY[type(test.ops[0])], function)
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:
