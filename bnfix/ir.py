@@ -812,6 +812,7 @@ class ModuleIR:
     project_marks: dict[str, list[tuple[str, tuple[int, int, int, int], str | None]]] = field(
         default_factory=dict)
     project_path: str | None = None
+    neighbours: frozenset[str] = frozenset()  # files of the modules it calls or that call it
     # facts of code it calls: fact -> (file, (row, col, end row, end col)) of each place (kept
     # raw: a fact can hold a thousand places and a rule asks for one fact; see `reached`)
     reached_facts: dict[str, list[tuple[str, tuple[int, int, int, int]]]] = field(

@@ -710,3 +710,32 @@ def test_bn104_cites_a_weight_load_outside_the_tests(tmp_path: Path):
     [finding] = check_paths([tmp_path], select=["BN104"]).remaining
     assert finding.fix.applicability is Applicability.DISPLAY_ONLY
     assert "zoo/finetune.py:5" in finding.fix.message
+
+
+def test_bn006_cites_the_isinstance_test_the_wrapped_model_meets(tmp_path: Path):
+    """RepVGG: `_fuse_bn_tensor` asserts `isinstance(branch, nn.BatchNorm2d)` in the model's own
+    module (re-parameterising a model trained with SyncBatchNorm fails there), and a stand-alone
+    script tests BN too. The fix names the assert in the module the training script calls,
+    not the script that never sees its model."""
+    write_tree(tmp_path, {
+        "zoo/__init__.py": "",
+        "zoo/repvgg.py": ("import torch.nn as nn\n\n\nclass Block(nn.Module):\n"
+                      "    def __init__(self):\n        super().__init__()\n"
+                      "        self.conv = nn.Conv2d(3, 8, 3, bias=False)\n"
+                      "        self.bn = nn.BatchNorm2d(8)\n\n"
+                      "    def fuse(self):\n        branch = self.bn\n"
+                      "        assert isinstance(branch, nn.BatchNorm2d)\n"
+                      "        return branch.weight\n\n\n"
+                      "def create():\n    return Block()\n"),
+        "tools/verify.py": ("import torch.nn as nn\nfrom zoo.repvgg import create\n\n"
+                            "for m in create().modules():\n"
+                            "    if isinstance(m, nn.BatchNorm2d):\n"
+                            "        nn.init.uniform_(m.running_mean, 0, 0.1)\n"),
+        "train.py": ("import torch\nfrom zoo.repvgg import create\n\n\ndef main(rank):\n"
+                     "    model = create().cuda()\n"
+                     "    model = torch.nn.parallel.DistributedDataParallel(model, "
+                     "device_ids=[rank])\n"),
+    })
+    [finding] = check_paths([tmp_path], select=["BN006"]).remaining
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "zoo/repvgg.py:12)" in finding.fix.message.replace("\\", "/")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.keras import built_by, frozen_in_inference
+from bnfix.checks.names import telling_first
 from bnfix.checks.tensorflow import Inside, in_loop, reaches, training_mode
 from bnfix.findings import Applicability, Edit, EditOp, Fix, InsertRows, Span, WrapStatements
 from bnfix.ir import (
@@ -308,7 +309,7 @@ def _torch_fix(module: ModuleIR, wrap: ModelStep) -> Fix:
     match = MOVED.match(wrap.target)
     if match is None:
         return Fix(DISPLAY, f"Convert the model's BN with `{TORCH_SYNC}` before the wrap")
-    tests = module.marks_of("bn_isinstance")
+    tests = telling_first(module.marks_of("bn_isinstance"), module.neighbours)
     if tests:
         return Fix(DISPLAY, f"Convert the model's BN with `{TORCH_SYNC}` before the wrap, once "
                             f"the project's `isinstance` tests of plain BN classes (for instance "

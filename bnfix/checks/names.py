@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the engine imports this module on a warm run: no analysis records there
-    from bnfix.ir import FunctionInfo
+    from bnfix.ir import FunctionInfo, Mark
 
 # Functions that evaluate a model: these exact names, or names with these prefixes/suffixes.
 # Unit tests (`test_*`) are not evaluation code.
@@ -35,3 +35,12 @@ def is_test_module(path: str) -> bool:
     name = parts[-1]
     return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py" or \
         any(part in ("tests", "test", "testing") for part in parts[:-1])
+
+
+def telling_first(marks: list[Mark], neighbours: frozenset[str]) -> list[Mark]:
+    """Marks in the order a message cites them: the file's own, then other files outside the
+    tests, those of the modules the file calls or that call it first (a test's save/load round
+    trip, or a script that never sees the model, is a poor example)."""
+    return sorted(marks, key=lambda m: (m.path is not None,
+                                        m.path is not None and is_test_module(m.path),
+                                        m.path not in neighbours))

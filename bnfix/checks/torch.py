@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from bnfix.checks import check
 from bnfix.checks.keras import frozen_in_inference
-from bnfix.checks.names import is_evaluation, is_test_module
+from bnfix.checks.names import is_evaluation, telling_first
 from bnfix.checks.tensorflow import inference_only
 from bnfix.findings import (
     Applicability,
@@ -414,12 +414,10 @@ _BIAS_NEEDED_BY = (
 
 
 def _bias_kept_by(module: ModuleIR, name: str) -> str | None:
-    """Why the bias must stay until the user looks (the first project mark that needs it,
-    citing this file's own, else one outside the tests: a test's save/load round trip is a
-    poor example of trained weights)."""
+    """Why the bias must stay until the user looks (the first project mark that needs it, the
+    most telling one cited)."""
     for kind, reason in _BIAS_NEEDED_BY:
-        marks = sorted(module.marks_of(kind),
-                       key=lambda m: m.path is not None and is_test_module(m.path))
+        marks = telling_first(module.marks_of(kind), module.neighbours)
         if marks:
             return reason.format(name=name, where=marks[0].where())
     return None

@@ -134,6 +134,7 @@ class FileContext:
     instances: dict[Loc, ClassInfo] = field(default_factory=dict)  # calls that build a class
     imported: bool = True  # some other module of the project imports or calls into it
     steps: dict[Loc, list[HelperStep]] = field(default_factory=dict)  # calls of set-up helpers
+    neighbours: tuple[str, ...] = ()  # files of the modules it calls and of those calling it
     # library names bound by its star imports of first-party modules (ModuleContext's)
     star_names: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -216,6 +217,10 @@ def file_context(index: ProjectIndex, module_id: str,
     context.apis = index.project_apis()
     context.notes = list(dict.fromkeys(index.gave_up))
     context.star_names = index.star_names(module_id)
+    near = {m for m, _ in (index.callees or {}).get(module_id, ())} | \
+        set((index.dependents or {}).get(module_id, ()))
+    context.neighbours = tuple(sorted(index.summaries[m].path for m in near
+                                      if m != module_id and m in index.summaries))
     return context
 
 
@@ -473,6 +478,7 @@ class ProjectView:
         module.project_notes.extend(self.context.notes)
         module.project_marks = self.context.marks
         module.project_path = self.context.path
+        module.neighbours = frozenset(self.context.neighbours)
         module.reached_facts = self.context.facts
         module.project_apis = {a: self.by_id[a].ref for a in self.context.apis if a in self.by_id}
         module.imported = self.context.imported

@@ -348,6 +348,8 @@ class Walker:
         elif isinstance(stmt, ast.If):
             self._if(stmt, ctx)
         else:
+            if isinstance(stmt, ast.Assert):  # `assert isinstance(branch, nn.BatchNorm2d)` (RepVGG)
+                self._bn_isinstance(stmt.test, ctx)
             for name, value in ast.iter_fields(stmt):
                 if isinstance(value, list):
                     if value and isinstance(value[0], ast.stmt):
@@ -396,16 +398,22 @@ class Walker:
         return bool(specs) and all(s is not None and s.framework == "torch" and not s.synced
                                    and s.synced_counterpart for s in specs)
 
+    def _bn_isinstance(self, test: ast.expr, ctx: Ctx) -> tuple[str, ast.expr] | None:
+        """The guard a test makes (see `_guard`), marked where it tests plain BN classes only
+        (what a SyncBatchNorm conversion makes of the layers no longer passes it)."""
+        guard = _guard(test)
+        if guard is not None and guard[0] != "*" and self._plain_bn_only(guard[1]):
+            self.marks.append(("bn_isinstance", test, ctx))
+        return guard
+
     def _if(self, stmt: ast.If, ctx: Ctx) -> None:
         """An `if` and its `elif` chain, walked in a loop: a chain of hundreds of branches is
         hundreds of nested `If` nodes, which a recursive walk would not survive."""
         while True:
             self.block_owner[id(stmt.body)] = stmt
             self._expr(stmt.test, ctx, stmt)
-            guard = _guard(stmt.test)
+            guard = self._bn_isinstance(stmt.test, ctx)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
-            if guard is not None and guard[0] != "*" and self._plain_bn_only(guard[1]):
-                self.marks.append(("bn_isinstance", stmt.test, ctx))
             self._body(stmt.body, ctx._replace(guards=guards,
                                                conditions=(*ctx.conditions, (False, stmt.test))))
             ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
