@@ -184,7 +184,7 @@ class TorchContext:
 
     def _own_method_calls(self) -> list[tuple[RawCall, FunctionInfo]]:
         """`self.evaluate(...)` in a method: calls of the class's own methods on the instance."""
-        by_qualname = {f.qualname: f for f in self.w.functions}
+        by_qualname = self.w.by_qualname()
         out = []
         for raw in self.w.local_calls:
             func, caller = raw.call.func, raw.ctx.function
