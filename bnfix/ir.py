@@ -834,6 +834,12 @@ class ModuleIR:
                       for path, loc, function in self.project_marks.get(kind, ())
                       if path != self.project_path]
 
+    def has_mark(self, kind: str) -> bool:
+        """Whether this module or another file has a mark of `kind` (no list built: a kind
+        like `loads_weights` has a place in most files of a model zoo)."""
+        return any(m.kind == kind for m in self.marks) or any(
+            path != self.project_path for path, _, _ in self.project_marks.get(kind, ()))
+
     @property
     def dead(self) -> bool:
         """Nothing runs this module: no other module of the project imports it, it is no

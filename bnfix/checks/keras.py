@@ -38,7 +38,7 @@ BN009_MESSAGE = (
 
 @check("BN009")
 def keras_trainable_false_is_inference(module: ModuleIR) -> Iterator[Finding]:
-    if _tensorflow(module) < (2, 0) or module.marks_of("loads_weights"):
+    if _tensorflow(module) < (2, 0) or module.has_mark("loads_weights"):
         return  # TF1 semantics; or trained weights are loaded: the fine-tuning freeze
     for site in module.all_bn_sites():
         if site.api.trainable_semantics != "inference":
@@ -160,7 +160,7 @@ def keras3_bn_in_graph_mode(module: ModuleIR) -> Iterator[Finding]:
 
 @check("BN012")
 def keras_bn_inference_in_training_step(module: ModuleIR) -> Iterator[Finding]:
-    if _tensorflow(module) < (2, 0) or module.marks_of("learning_phase"):
+    if _tensorflow(module) < (2, 0) or module.has_mark("learning_phase"):
         return  # TF1 Keras follows the learning phase; so does tf.keras 2 once it is set
     for tape in module.tape_calls:
         if tape.training_default or any(b.span in module.training_models for b in tape.builders):

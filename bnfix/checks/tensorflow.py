@@ -819,7 +819,7 @@ def _unless_unupdated(module: ModuleIR, sites: list[BNSite], fix: Fix) -> Fix:
                                 not is_const(s.value("updates_collections"), None) for s in sites):
         return fix
     unrun = module.marks_of("update_ops_unrun")
-    if not unrun or module.marks_of("update_ops_read"):
+    if not unrun or module.has_mark("update_ops_read"):
         return fix
     return Fix(DISPLAY, f"{fix.message}, after making the train op run the UPDATE_OPS: no code of "
                         f"the project runs them (the train op at {unrun[0].where()} does not; see "

@@ -542,6 +542,8 @@ class TorchContext:
         `foreign` ones, calls of classes of other files that are a biased layer (the project
         view knows them; the related location is the class); the BN are the file's own and
         `foreign_bn`, constructions of BN classes of other files."""
+        if not sites and not foreign_bn:
+            return []  # no BN here: nothing for a bias to go into
         layers: dict[int, BiasedLayer] = {}
         layer_targets: dict[str, BiasedLayer] = {}
         calls = [(raw, spec, None) for raw, spec in self.w.layer_raw] + list(foreign)

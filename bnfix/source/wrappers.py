@@ -13,6 +13,7 @@ at the call), nor is one that computes anything from the conv's output.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 
 from bnfix.rulebook import Catalogue, LayerSpec
 from bnfix.source.imports import ImportTable
@@ -62,14 +63,28 @@ def _holder(node: ast.ClassDef, imports: ImportTable, catalogue: Catalogue) -> L
     init, forward = _method(node, ("__init__",)), _method(node, FORWARDS)
     if init is None or forward is None:
         return None
-    held = [(s.targets[0].attr, s.value, spec) for s in ast.walk(init)
+    returned = _output_of(forward)  # first: most classes return something else (one look)
+    if returned is None:
+        return None
+    held = [(s.targets[0].attr, s.value, spec) for s in _statements(init.body)
             if isinstance(s, ast.Assign) and len(s.targets) == 1 and _self_attr(s.targets[0])
             and isinstance(s.value, ast.Call)
             and (spec := _layer(s.value.func, imports, catalogue)) is not None]
-    if len(held) != 1 or not _returns_output_of(forward, held[0][0]):
+    if len(held) != 1 or held[0][0] != returned:
         return None
     _, call, base = held[0]
     return _through(init, call, base, forwards_kwargs=False)
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement of `body`, those of nested blocks too (expressions are not entered:
+    an assignment is a statement)."""
+    for stmt in body:
+        yield stmt
+        for field in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(stmt, field, ()))
+        for part in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+            yield from _statements(part.body)
 
 
 def _self_attr(node: ast.expr) -> bool:
@@ -77,20 +92,22 @@ def _self_attr(node: ast.expr) -> bool:
         node.value.id == "self"
 
 
-def _returns_output_of(forward: ast.FunctionDef, attr: str) -> bool:
-    """`return self.<attr>(...)`, or `x = self.<attr>(...)` right before `return x`."""
+def _output_of(forward: ast.FunctionDef) -> str | None:
+    """`<attr>` of `return self.<attr>(...)`, or of `x = self.<attr>(...)` right before
+    `return x`."""
     body = [s for s in forward.body if not docstring(s)]
     if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
-        return False
+        return None
     value = body[-1].value
     if isinstance(value, ast.Name) and len(body) > 1:
         last = body[-2]
         if not (isinstance(last, ast.Assign) and len(last.targets) == 1 and
                 isinstance(last.targets[0], ast.Name) and last.targets[0].id == value.id):
-            return False
+            return None
         value = last.value
-    return isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
-        value.func.attr == attr and _self_attr(value.func)
+    ok = isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and \
+        _self_attr(value.func)
+    return value.func.attr if ok else None  # type: ignore[union-attr]
 
 
 def _through(init: ast.FunctionDef, call: ast.Call, base: LayerSpec,
