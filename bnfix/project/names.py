@@ -19,27 +19,25 @@ from bnfix.project.summary import MODULE_SCOPE, SIGNATURE
 
 
 class Contribution(NamedTuple):
-    """One module's part of the search: the summary digest it was computed from, its
-    functions and classes that build BN or carry facts (`keys`: what another module's
-    aliases are checked against), and the (module tail, name) pairs a user file mentions."""
+    """One module's part of the search: the summary digest it was computed from, and the
+    (module tail, name) pairs a user file mentions: the module's functions and classes that
+    build BN or carry facts, and those of other modules it gives on (imports, star imports)."""
 
     digest: str
-    keys: frozenset[str]
     pairs: frozenset[tuple[str, str]]
 
 
 def contributions(index: ProjectIndex, modules: Iterable[str], digests: Mapping[str, str],
                   known: Mapping[str, Contribution]) -> dict[str, Contribution]:
     """The contributions of `modules`, computed from the index; `known` holds those of the
-    other modules (whose keys the aliases of `modules` may name)."""
-    keys: dict[str, set[str]] = {m: set(c.keys) for m, c in known.items()}
+    other modules (whose names `modules` may give on)."""
     pairs: dict[str, set[tuple[str, str]]] = {}
     todo = [m for m in modules if index.summaries.get(m) is not None]
     for module in todo:
         summary = index.summaries[module]
         tail = module.rsplit(".", 1)[-1]
         found = pairs[module] = set()
-        defined = keys[module] = set()
+        defined = set()
         for function in summary.functions.values():
             if function.qualname == MODULE_SCOPE or "<locals>" in function.qualname:
                 continue
@@ -54,19 +52,51 @@ def contributions(index: ProjectIndex, modules: Iterable[str], digests: Mapping[
                 # its construction builds BN, also through an inherited `__init__`
                 found.add((tail, klass.name))
                 defined.add(klass.name)
-    # the other names a module gives them (`from .blocks import conv_bn as cb` in a package's
-    # `__init__`): a file that calls `cb` uses them without naming them
-    for module in todo:
-        tail = module.rsplit(".", 1)[-1]
-        for local, dotted in index.summaries[module].imports.items():
-            if local == dotted.rsplit(".", 1)[-1]:
-                continue
-            if any(t.qualname.split(".", 1)[0] in keys.get(t.module, ())
-                   for t in index.targets(module, "@" + local)):
-                pairs[module].add((tail, local))
-    return {m: Contribution(digests.get(m, ""), frozenset(keys[m]),
-                            frozenset((t, n) for t, n in pairs[m] if n.isidentifier()))
+    _given_on(index, todo, pairs, known)
+    return {m: Contribution(digests.get(m, ""), frozenset((t, n) for t, n in pairs[m] if n.isidentifier()))
             for m in todo}
+
+
+def _given_on(index: ProjectIndex, todo: list[str], pairs: dict[str, set[tuple[str, str]]],
+              known: Mapping[str, Contribution]) -> None:
+    """The modules that give the names on, and under which name: an import (`from .blocks
+    import conv_bn`, or `... as cb`, in a package's `__init__`: `from models import cb` names
+    neither `blocks` nor `conv_bn`) or a star import (`from .resnet import *`: `from models
+    import ResNet` never names `resnet`), through chains of them: one hop at a time, to a
+    fixed point (each round adds pairs, and there are finitely many)."""
+    hops: dict[str, list[tuple[str, str, str]]] = {}  # module: (local name, source, its name)
+    for module in todo:
+        summary = index.summaries[module]
+        found = hops[module] = []
+        for local, dotted in summary.imports.items():
+            target = index.modules.resolve(dotted, summary.path)
+            if target is not None and target[1]:
+                found.append((local, target[0].name, target[1].split(".", 1)[0]))
+        for star in summary.star_imports:
+            target = index.modules.resolve(star, summary.path)
+            if target is not None and not target[1] and target[0].name != module:
+                found.append(("*", target[0].name, "*"))
+
+    def given(source: str) -> set[str]:
+        """The names `source` gives (defines or gives on), by its own module name."""
+        own = source.rsplit(".", 1)[-1]
+        found = pairs.get(source)
+        if found is None:
+            found = set(known[source].pairs) if source in known else set()
+        return {n for t, n in found if t == own}
+
+    changed = True
+    while changed:
+        changed = False
+        for module, found in hops.items():
+            tail = module.rsplit(".", 1)[-1]
+            for local, source, name in found:
+                names = given(source)
+                new = {(tail, n) for n in names} if name == "*" else \
+                    {(tail, local)} if name in names else set()
+                if not new <= pairs[module]:
+                    pairs[module] |= new
+                    changed = True
 
 
 def interesting_pairs(index: ProjectIndex) -> set[tuple[str, str]]:
@@ -87,7 +117,7 @@ def stale(digests: Mapping[str, str], known: Mapping[str, Contribution],
 
 
 def to_text(parts: Mapping[str, Contribution]) -> str:
-    return json.dumps({m: [c.digest, sorted(c.keys), sorted(c.pairs)]
+    return json.dumps({m: [c.digest, sorted(c.pairs)]
                        for m, c in sorted(parts.items())}, separators=(",", ":"))
 
 
@@ -97,13 +127,12 @@ def from_text(text: str) -> dict[str, Contribution]:
     try:
         data = json.loads(text)
         out = {}
-        for module, (digest, keys, pairs) in data.items():
+        for module, (digest, pairs) in data.items():
             if not (isinstance(module, str) and isinstance(digest, str)
-                    and isinstance(keys, list) and isinstance(pairs, list) and all(isinstance(k, str) for k in keys)
+                    and isinstance(pairs, list)
                     and all(isinstance(t, str) and isinstance(n, str) for t, n in pairs)):
                 return {}
-            out[module] = Contribution(digest, frozenset(keys),
-                                       frozenset((t, n) for t, n in pairs))
+            out[module] = Contribution(digest, frozenset((t, n) for t, n in pairs))
         return out
     except (ValueError, TypeError, AttributeError):
         return {}

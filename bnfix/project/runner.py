@@ -17,7 +17,7 @@ import io
 import os
 import re
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the analysis (the index, lifting, the view) is imported onl
     from bnfix.project.session import Summarised, Worker
     from bnfix.project.view import FileContext
 
-EXPANSION_ROUNDS = 3  # rounds of summarising files that name first-party BN builders
+EXPANSION_ROUNDS = 8  # rounds of summarising files that name first-party BN builders
 PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
 
 
@@ -249,7 +249,8 @@ class ProjectRunner:
             names = self._names(project, plans)
             if not names:
                 break
-            checked = hashlib.sha256(" ".join(names).encode()).hexdigest()[:20]
+            checked = hashlib.sha256(" ".join(f"{t}.{n}" for n, tails in names for t in tails)
+                                     .encode()).hexdigest()[:20]
             candidates = [p for p in plans if not p.summarised and p.absolute not in self._mentioned
                           and not (p.entry is not None and p.entry.checked == checked)]
             if not candidates:
@@ -273,6 +274,11 @@ class ProjectRunner:
                 (p.worker, (p.absolute, p.ref, True, p.reported, None)) for p in found]), by_path)
             self._summarise_callees(plans, by_path)
             project = digest_of(self.store.digests, set(self.store.digests))
+        else:  # each round found files: there may be more behind them
+            self.notes.append(
+                f"project analysis gave up: BN code reached through more than {EXPANSION_ROUNDS} "
+                "files in a row (each calling a function of the next, or importing it from a "
+                "module that imports it); files that reach it only further away were not read")
 
     def _summarise_callees(self, plans: list[Plan], by_path: dict[str, Plan]) -> None:
         """Summarise the modules of first-party code that BN-building functions call and that
@@ -334,13 +340,13 @@ class ProjectRunner:
         words = _code_names(text)
         return any(module in words and name in words for module, name in self._pairs)
 
-    def _names(self, project: str, plans: list[Plan]) -> tuple[str, ...]:
-        """The names that make a file worth summarising (cached per set of summaries; when
-        summaries changed, only the parts of the modules that reach a changed one are
-        computed again)."""
+    def _names(self, project: str, plans: list[Plan]) -> Names:
+        """The names that make a file worth summarising, each with the modules whose name a
+        file must mention with it (cached per set of summaries; when summaries changed, only
+        the parts of the modules that reach a changed one are computed again)."""
         meta = self.cache.meta if self.cache is not None else {}
         if meta.get("names_for") == project and "names" in meta:
-            return tuple(n for n in meta["names"].split() if n)
+            return _grouped(tuple(p.split(".", 1)) for p in meta["names"].split() if "." in p)
         from bnfix.project import names as name_search
 
         index = self._current_index()
@@ -361,9 +367,10 @@ class ProjectRunner:
                                                      kept)}
         self._parts = parts
         self._pairs = {pair for part in parts.values() for pair in part.pairs}
-        names = tuple(sorted({name for _, name in self._pairs}))
+        names = _grouped(self._pairs)
         if self.cache is not None:
-            self.cache.meta.update(names_for=project, names=" ".join(names),
+            self.cache.meta.update(names_for=project,
+                                   names=" ".join(f"{t}.{n}" for t, n in sorted(self._pairs)),
                                    names_scope=self._scope,
                                    name_parts=name_search.to_text(parts))
         return names
@@ -716,6 +723,17 @@ class ProjectRunner:
 def _has_fixes(diagnostics: list[Diagnostic], unsafe: bool) -> bool:
     return any(d.fixable and (unsafe or d.fix.applicability is Applicability.SAFE)  # type: ignore[union-attr]
                for d in diagnostics)
+
+
+Names = tuple[tuple[str, tuple[str, ...]], ...]  # (name, the module tails that give it)
+
+
+def _grouped(pairs: Iterable[Sequence[str]]) -> Names:
+    """(module tail, name) pairs as each name with its tails, sorted."""
+    tails: dict[str, set[str]] = {}
+    for tail, name in pairs:
+        tails.setdefault(name, set()).add(tail)
+    return tuple((name, tuple(sorted(found))) for name, found in sorted(tails.items()))
 
 
 def _code_names(text: str) -> set[str]:

@@ -26,6 +26,7 @@ import sys
 import tokenize
 import traceback
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bnfix.engine import Engine, Lifted
 from bnfix.findings import FileResult
@@ -35,6 +36,9 @@ from bnfix.project.summary import ModuleSummary
 from bnfix.project.view import FileContext, ProjectView
 from bnfix.source.imports import ModuleContext
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
+
+if TYPE_CHECKING:
+    from bnfix.project.runner import Names
 
 # A module nested deeper than Python's recursion limit allows the analysis (an `elif` chain
 # of thousands of branches, an expression nested hundreds deep): one BN900, the run goes on.
@@ -188,8 +192,10 @@ class Worker:
         summary.digest  # noqa: B018  (computed in the worker, as for a parsed file)
         return summary
 
-    def mentions(self, path: str, names: tuple[str, ...]) -> tuple[str, bool]:
-        """Whether the file's text holds one of the names (as a word)."""
+    def mentions(self, path: str, names: Names) -> tuple[str, bool]:
+        """Whether the file's text holds one of the names and the name of a module that gives
+        it (as words: a file can call `build_model` of `models/factory.py` only through an
+        import that names `factory`, or a module that gives it on, see names.py)."""
         words = self.words.get(path)
         if words is None:
             try:
@@ -198,7 +204,7 @@ class Worker:
                 return path, False
             # the text's words (a regex alternation of hundreds of names cost ~6 ms a file)
             words = self.words[path] = frozenset(map(sys.intern, _WORD.findall(text)))
-        return path, not words.isdisjoint(names)
+        return path, any(name in words and not words.isdisjoint(tails) for name, tails in names)
 
     def check(self, path: str, project: FileProject | None, *, fix: bool, unsafe: bool,
               ignored: frozenset[str], known: str | None) -> FileResult:
