@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_bnfix, write_tree
+from conftest import Run, run_bnfix, write_tree
 
 from bnfix import check_paths
 
@@ -93,15 +93,21 @@ def test_two_scripts_with_sibling_modules_of_one_name(tmp_path: Path):
     assert rows(tmp_path, ["BN001"]) == {("exp1/net.py", "BN001", 5)}
 
 
+def _chain(tmp_path: Path, module: str, default: bool, passed: str) -> Run:
+    """Twelve modules (`module` formats `p{i}`) each importing `thing` from the next, the last
+    building a BN with `trainable=default`; `main.py` calls `thing(x<passed>)`."""
+    files = {module.format(f"p{i}"): f"from p{i + 1} import thing\n" for i in range(12)}
+    files[module.format("p12")] = BN + f"\n\ndef thing(x, trainable={default}):\n" \
+        "    return tf.layers.batch_normalization(x, training=True, trainable=trainable)\n"
+    files["main.py"] = f"from p0 import thing\n\ny = thing(x{passed})\n"
+    write_tree(tmp_path, files)
+    return run_bnfix("check", "--no-cache", "--select", "BN001", ".", cwd=tmp_path)
+
+
 def test_reexports_nested_too_deep_give_a_note(tmp_path: Path):
     """Packages re-exporting a name through more `__init__.py` files than the index follows
     (each package is summarised: its re-exports are how imports resolve)."""
-    files = {f"p{i}/__init__.py": f"from p{i + 1} import thing\n" for i in range(12)}
-    files["p12/__init__.py"] = BN + "\n\ndef thing(x, trainable=False):\n" \
-        "    return tf.layers.batch_normalization(x, training=True, trainable=trainable)\n"
-    files["main.py"] = "from p0 import thing\n\ny = thing(x)\n"
-    write_tree(tmp_path, files)
-    run = run_bnfix("check", "--no-cache", "--select", "BN001", ".", cwd=tmp_path)
+    run = _chain(tmp_path, "{}/__init__.py", False, "")
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert "project analysis gave up" in run.stderr and "re-exports nested deeper" in run.stderr
 
@@ -110,12 +116,7 @@ def test_names_given_on_through_too_many_files_give_a_note(tmp_path: Path):
     """Plain modules each importing the name from the next: each round of the name search
     finds one more file (a file is read when it names a module that gives a BN builder and
     the builder), and the rounds run out before `main.py`, which passes the False."""
-    files = {f"p{i}.py": f"from p{i + 1} import thing\n" for i in range(12)}
-    files["p12.py"] = BN + "\n\ndef thing(x, trainable=True):\n" \
-                           "    return tf.layers.batch_normalization(x, training=True, trainable=trainable)\n"
-    files["main.py"] = "from p0 import thing\n\ny = thing(x, trainable=False)\n"
-    write_tree(tmp_path, files)
-    run = run_bnfix("check", "--no-cache", "--select", "BN001", ".", cwd=tmp_path)
+    run = _chain(tmp_path, "{}.py", True, ", trainable=False")
     assert run.returncode == 0 and "Traceback" not in run.stderr
     assert "project analysis gave up: BN code reached through more than 8 files" in run.stderr
     # a chain of six files is followed to its end
