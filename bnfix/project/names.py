@@ -53,7 +53,8 @@ def contributions(index: ProjectIndex, modules: Iterable[str], digests: Mapping[
                 found.add((tail, klass.name))
                 defined.add(klass.name)
     _given_on(index, todo, pairs, known)
-    return {m: Contribution(digests.get(m, ""), frozenset((t, n) for t, n in pairs[m] if n.isidentifier()))
+    return {m: Contribution(digests.get(m, ""),
+                            frozenset((t, n) for t, n in pairs[m] if n.isidentifier()))
             for m in todo}
 
 
