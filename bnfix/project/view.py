@@ -229,6 +229,15 @@ def _graph_facts(index: ProjectIndex, module: str, function: str,
     """What the code a caller runs puts in collections (`registers:KEY`): a custom BN that adds
     its statistics, or a BN API whose statistics join the collection (the graph a helper such as
     an EMA works on is its caller's)."""
+    key = ("graph_facts", module, function)
+    found = index.memo.get(key)
+    if found is None:  # asked for each call a caller makes into the module, and per module
+        found = index.memo[key] = _graph_facts_of(index, module, function, registers)
+    return found
+
+
+def _graph_facts_of(index: ProjectIndex, module: str, function: str,
+                    registers: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
     facts = {f for f in index.facts_reached(module, function) if f.startswith("registers:")}
     for reach in index.reach(module, function):
         facts.add("builds_bn")
@@ -424,6 +433,7 @@ class ProjectView:
         self.path = context.path
         self.by_id = catalogue_ids
         self._proxies: dict[Key, FunctionInfo] = {}
+        self._depths: dict[Key, int] = {}
 
     def value(self, ref: Ref, function: FunctionInfo | None) -> Value:
         """A Ref in the terms of `function` (its `p` Refs name its parameters)."""
@@ -470,6 +480,7 @@ class ProjectView:
                 names = signature.removeprefix(SIGNATURE)
                 module.call_signatures[span(record.loc)] = tuple(names.split(",")) if names else ()
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
+        self._depths = self._proxy_depths(resolver)
         for function in resolver.w.functions:
             foreign = self.context.calls.get((self.module_id, function.qualname), [])
             for call in foreign:
@@ -648,10 +659,34 @@ class ProjectView:
                          where, ref.kind == "nc")
         return Unknown(str(ref.value), sp, where=where)
 
+    def _proxy_depths(self, resolver: Resolver) -> dict[Key, int]:
+        """How many levels of callers each caller in another file gets: the levels left
+        where a walk of the callers, module function by function and call by call, first
+        meets it (its call sites are built when first read, in whatever order the rules
+        read them, and have the levels they would have had built all at once)."""
+        depths: dict[Key, int] = {}
+        stack = [call.caller for function in reversed(resolver.w.functions)
+                 for call in reversed(self.context.calls.get((self.module_id,
+                                                              function.qualname), []))
+                 if call.caller is not None]
+        levels = [CALLER_DEPTH - 1] * len(stack)
+        while stack:
+            key, depth = stack.pop(), levels.pop()
+            if key in depths or key not in self.context.functions:
+                continue
+            depths[key] = depth
+            if depth > 0:
+                callers = [c.caller for c in self.context.calls.get(key, ())
+                           if c.caller is not None]
+                stack.extend(reversed(callers))
+                levels.extend([depth - 1] * len(callers))
+        return depths
+
     def _proxy(self, key: Key, depth: int) -> FunctionInfo | None:
         """A caller in another file, as a FunctionInfo whose call sites are its own callers."""
         if key in self._proxies:
             return self._proxies[key]
+        depth = self._depths.get(key, depth)
         function = self.context.functions.get(key)
         if function is None:
             return None
@@ -660,13 +695,32 @@ class ProjectView:
             default = self._foreign(p.default, None, function.path) if p.default else None
             params[p.name] = Param(p.name, default, None, p.index >= 0, p.index)
         where = None if function.path == self.path else function.path
-        proxy = FunctionInfo(f"{key[0]}.{key[1]}", function.name, function.class_name,
-                             span(function.loc), params, where=where)
+        proxy = ProxyFunction(f"{key[0]}.{key[1]}", function.name, function.class_name,
+                              span(function.loc), params, where=where)
         self._proxies[key] = proxy
-        if depth > 0:
-            for call in self.context.calls.get(key, ()):
-                proxy.call_sites.append(self._call_site(call, proxy, depth))
+        calls = self.context.calls.get(key, ()) if depth > 0 else ()
+        if calls:
+            proxy.pending = lambda: [self._call_site(call, proxy, depth) for call in calls]
         return proxy
+
+
+class ProxyFunction(FunctionInfo):
+    """A caller in another file. Its own call sites (its callers, and theirs) are built when
+    a rule first reads them: most callers of a widely used module are never asked about, and
+    building every level of them was a third of the check of such a module."""
+
+    pending: Callable[[], list[CallSite]] | None = None
+
+    @property  # type: ignore[override]
+    def call_sites(self) -> list[CallSite]:
+        if self.pending is not None:
+            build, self.pending = self.pending, None
+            self._sites.extend(build())
+        return self._sites
+
+    @call_sites.setter
+    def call_sites(self, sites: list[CallSite]) -> None:
+        self._sites = sites
 
 
 __all__ = ["FileContext", "FunctionSummary", "ProjectView", "file_context"]
