@@ -383,10 +383,10 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` at once (a temporary file renamed over it)."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=TEMPORARY, dir=path.parent)
+    """Replace `path` with `text` at once (a temporary file renamed over it: created as
+    `tempfile.mkstemp` creates one, whose import took 7 ms of every run that saves)."""
+    tmp = os.path.join(path.parent, f"{TEMPORARY}{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
