@@ -829,16 +829,19 @@ class ModuleIR:
 
     def marks_of(self, kind: str, *, local: bool = True) -> list[Mark]:
         """The marks of `kind`: this module's (unless `local` is False), then other files'."""
-        own = [m for m in self.marks if m.kind == kind] if local else []
-        return own + [Mark(kind, Span(Pos(loc[0], loc[1]), Pos(loc[2], loc[3])), path, function)
-                      for path, loc, function in self.project_marks.get(kind, ())
-                      if path != self.project_path]
+        return list(self._marks(kind, local))
 
     def has_mark(self, kind: str) -> bool:
         """Whether this module or another file has a mark of `kind` (no list built: a kind
         like `loads_weights` has a place in most files of a model zoo)."""
-        return any(m.kind == kind for m in self.marks) or any(
-            path != self.project_path for path, _, _ in self.project_marks.get(kind, ()))
+        return next(self._marks(kind, True), None) is not None
+
+    def _marks(self, kind: str, local: bool) -> Iterator[Mark]:
+        if local:
+            yield from (m for m in self.marks if m.kind == kind)
+        for path, loc, function in self.project_marks.get(kind, ()):
+            if path != self.project_path:
+                yield Mark(kind, Span(Pos(loc[0], loc[1]), Pos(loc[2], loc[3])), path, function)
 
     @property
     def dead(self) -> bool:

@@ -18,6 +18,7 @@ import os
 import re
 import tokenize
 from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -337,8 +338,7 @@ class ProjectRunner:
                 text = decode(read_source(path, self.max_bytes)).text
             except (Skipped, SourceError):
                 return False
-        words = _code_names(text)
-        return any(module in words and name in words for module, name in self._pairs)
+        return mentioned(_code_names(text), _grouped(self._pairs))
 
     def _names(self, project: str, plans: list[Plan]) -> Names:
         """The names that make a file worth summarising, each with the modules whose name a
@@ -739,6 +739,11 @@ def _grouped(pairs: Iterable[Sequence[str]]) -> Names:
     for tail, name in pairs:
         tails.setdefault(name, set()).add(tail)
     return tuple((name, tuple(sorted(found))) for name, found in sorted(tails.items()))
+
+
+def mentioned(words: AbstractSet[str], names: Names) -> bool:
+    """Whether `words` hold one of the names and the last part of a module that gives it."""
+    return any(name in words and not words.isdisjoint(tails) for name, tails in names)
 
 
 def _code_names(text: str) -> set[str]:

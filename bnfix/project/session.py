@@ -32,6 +32,7 @@ from bnfix.engine import Engine, Lifted
 from bnfix.findings import FileResult
 from bnfix.project.modules import ModuleRef
 from bnfix.project.readme import load_pattern, loads_in
+from bnfix.project.runner import mentioned
 from bnfix.project.summary import ModuleSummary
 from bnfix.project.view import FileContext, ProjectView
 from bnfix.source.imports import ModuleContext
@@ -204,7 +205,7 @@ class Worker:
                 return path, False
             # the text's words (a regex alternation of hundreds of names cost ~6 ms a file)
             words = self.words[path] = frozenset(map(sys.intern, _WORD.findall(text)))
-        return path, any(name in words and not words.isdisjoint(tails) for name, tails in names)
+        return path, mentioned(words, names)
 
     def check(self, path: str, project: FileProject | None, *, fix: bool, unsafe: bool,
               ignored: frozenset[str], known: str | None) -> FileResult:
