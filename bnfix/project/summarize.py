@@ -255,18 +255,22 @@ class Summarizer:
         args: dict[str, Ref] = {}
         texts: list[tuple[str, str]] = []
         star = False
+        passed: list[tuple[str, ast.expr]] = []
         for i, arg in enumerate(call.args):
             if isinstance(arg, ast.Starred):
                 star = True
                 break
-            args[f"#{i}"] = self._arg(arg, function)
-            texts.append((f"#{i}", self.r.text.slice(self.r.text.span(arg))))
+            passed.append((f"#{i}", arg))
         for kw in call.keywords:
             if kw.arg is None:
                 star = True
             else:
-                args[kw.arg] = self._arg(kw.value, function)
-                texts.append((kw.arg, self.r.text.slice(self.r.text.span(kw.value))))
+                passed.append((kw.arg, kw.value))
+        for key, expr in passed:
+            sp = self.r.text.span(expr)
+            text = self.r.text.slice(sp)
+            args[key] = self._arg(expr, function, sp, text)
+            texts.append((key, text))
         stmt = raw.stmt
         assigned = None
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
@@ -365,14 +369,13 @@ class Summarizer:
             return f"@{func.id}"
         return None
 
-    def _arg(self, expr: ast.expr, function: FunctionInfo | None) -> Ref:
-        """What a call passes: literals and names are resolved (a parameter, a constant); other
-        expressions are unknown, kept as text (resolving every argument of every call of a
-        large module costs more than it tells)."""
+    def _arg(self, expr: ast.expr, function: FunctionInfo | None, sp: Span, text: str) -> Ref:
+        """What a call passes (`expr`, written at `sp` as `text`): literals and names are
+        resolved (a parameter, a constant); other expressions are unknown, kept as text
+        (resolving every argument of every call of a large module costs more than it tells)."""
         if isinstance(expr, (ast.Constant, ast.Name, ast.UnaryOp, ast.BinOp)):
             return ref(self.r.value(expr, function), function)
-        sp = self.r.text.span(expr)
-        return Ref("u", self.r.text.slice(sp), loc(sp))
+        return Ref("u", text, loc(sp))
 
     # -- classes and constants -------------------------------------------------------------------
 
