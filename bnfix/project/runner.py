@@ -177,6 +177,9 @@ class ProjectRunner:
                                         self.engine.all_syntax_errors,
                                         self.engine.target_explicit, self.max_bytes,
                                         self.engine.pin_root, self.overlay)
+            if size > 1:  # imported before the processes fork: they share it rather than
+                # each importing it (~80 ms), and this process builds the index with it
+                import bnfix.project.session  # noqa: F401
             self._pool = Processes(size, factory) if size > 1 else InProcess(factory)
             assert self._modules is not None
             tops = self._modules.first_party_tops()
