@@ -25,7 +25,7 @@ import re
 import sys
 import tokenize
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from bnfix.engine import Engine, Lifted
@@ -34,7 +34,7 @@ from bnfix.project.modules import ModuleRef
 from bnfix.project.readme import load_pattern, loads_in
 from bnfix.project.runner import mentioned
 from bnfix.project.summary import ModuleSummary
-from bnfix.project.view import FileContext, ProjectView
+from bnfix.project.view import FileContext, Marks, ProjectView
 from bnfix.source.imports import ModuleContext
 from bnfix.source.reader import DEFAULT_MAX_FILE_BYTES, Skipped, SourceError, decode, read_source
 
@@ -100,8 +100,14 @@ class Worker:
     # the weight-loader calls looked for in files that do not parse (False: none to look for)
     _loads: re.Pattern[str] | bool | None = None
 
+    # the project's marks, which every file's context holds (sent once per run)
+    marks: Marks = field(default_factory=dict)
+
     def set_project(self, first_party: frozenset[str]) -> None:
         self.first_party = first_party
+
+    def set_marks(self, marks: Marks) -> None:
+        self.marks = marks
 
     def read(self, path: str) -> bytes:
         """The file's bytes; for a path in the overlay, its text encoded as its coding
@@ -128,6 +134,8 @@ class Worker:
                 context = module.context(self.first_party)
                 if known is not None and known.star_names:
                     context = context._replace(star_names=known.star_names)
+                if known is not None and known.marks is None:
+                    known = replace(known, marks=self.marks)
                 project = FileProject(path, module.module_id, context, known)
             return self.check(path, project, fix=fix, unsafe=unsafe, ignored=ignored, known=None)
         except Exception:  # noqa: BLE001 - a bnfix bug: reported for this file, the others go on

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from bnfix.source.resolve import Resolver
     from bnfix.source.walk import RawCall
 
+Marks = dict[str, list[tuple[str, Loc, str | None]]]  # by kind: (file, where, function)
 CALLER_DEPTH = 3  # levels of callers in other files attached (as deep as ir.bindings looks)
 Key = tuple[str, str]  # (module id, function qualname)
 
@@ -126,8 +127,9 @@ class FileContext:
     calls: dict[Key, list[ForeignCall]] = field(default_factory=dict)  # callee -> callers
     functions: dict[Key, ForeignFunction] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    # every file's marks by kind (the index's, shared): (file, where, function)
-    marks: dict[str, list[tuple[str, Loc, str | None]]] = field(default_factory=dict)
+    # every file's marks by kind (the index's, shared): (file, where, function); None once
+    # sent to a worker process, which holds the project's (sent once, not with every file)
+    marks: Marks | None = field(default_factory=dict)
     other_marks: bool = False  # some other file has marks
     facts: dict[str, list[tuple[str, Loc]]] = field(default_factory=dict)  # of code it calls
     apis: frozenset[str] = frozenset()  # BN APIs the project builds
@@ -487,7 +489,7 @@ class ProjectView:
                 function.call_sites.append(self._call_site(call, function, CALLER_DEPTH))
             self._frozen_params(resolver, module, function, foreign)
         module.project_notes.extend(self.context.notes)
-        module.project_marks = self.context.marks
+        module.project_marks = self.context.marks or {}
         module.project_path = self.context.path
         module.neighbours = frozenset(self.context.neighbours)
         module.reached_facts = self.context.facts
@@ -723,4 +725,4 @@ class ProxyFunction(FunctionInfo):
         self._sites = sites
 
 
-__all__ = ["FileContext", "FunctionSummary", "ProjectView", "file_context"]
+__all__ = ["FileContext", "FunctionSummary", "Marks", "ProjectView", "file_context"]
