@@ -395,7 +395,7 @@ class ProjectRunner:
         ones are then void) or there is no cache: None for the first round of the name search
         (computing them all costs more than it saves), all of them computed for the later
         rounds (the parts of the round before stand for the modules that reach none of the
-        files it added: a cold run's rounds after the first were a tenth of its time)."""
+        files it added: tf-models-official's rounds after the first, 410 of 557 ms, now 270)."""
         void = self.cache is None or self.cache.meta.get("scope") != self._scope
         if void and self._parts is None:
             return None
