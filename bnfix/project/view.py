@@ -435,7 +435,6 @@ class ProjectView:
         self.path = context.path
         self.by_id = catalogue_ids
         self._proxies: dict[Key, FunctionInfo] = {}
-        self._depths: dict[Key, int] = {}
 
     def value(self, ref: Ref, function: FunctionInfo | None) -> Value:
         """A Ref in the terms of `function` (its `p` Refs name its parameters)."""
@@ -482,7 +481,6 @@ class ProjectView:
                 names = signature.removeprefix(SIGNATURE)
                 module.call_signatures[span(record.loc)] = tuple(names.split(",")) if names else ()
         resolver.resolve_call_sites({id(s.function) for s in module.reached_sites if s.function})
-        self._depths = self._proxy_depths(resolver)
         for function in resolver.w.functions:
             foreign = self.context.calls.get((self.module_id, function.qualname), [])
             for call in foreign:
@@ -661,34 +659,12 @@ class ProjectView:
                          where, ref.kind == "nc")
         return Unknown(str(ref.value), sp, where=where)
 
-    def _proxy_depths(self, resolver: Resolver) -> dict[Key, int]:
-        """How many levels of callers each caller in another file gets: the levels left
-        where a walk of the callers, module function by function and call by call, first
-        meets it (its call sites are built when first read, in whatever order the rules
-        read them, and have the levels they would have had built all at once)."""
-        depths: dict[Key, int] = {}
-        stack = [call.caller for function in reversed(resolver.w.functions)
-                 for call in reversed(self.context.calls.get((self.module_id,
-                                                              function.qualname), []))
-                 if call.caller is not None]
-        levels = [CALLER_DEPTH - 1] * len(stack)
-        while stack:
-            key, depth = stack.pop(), levels.pop()
-            if key in depths or key not in self.context.functions:
-                continue
-            depths[key] = depth
-            if depth > 0:
-                callers = [c.caller for c in self.context.calls.get(key, ())
-                           if c.caller is not None]
-                stack.extend(reversed(callers))
-                levels.extend([depth - 1] * len(callers))
-        return depths
-
     def _proxy(self, key: Key, depth: int) -> FunctionInfo | None:
-        """A caller in another file, as a FunctionInfo whose call sites are its own callers."""
+        """A caller in another file, as a FunctionInfo whose call sites are its own callers.
+        The proxies of its callers are made at once (the first walk to meet a caller fixes
+        how many levels it gets, whichever rule reads first); their call sites when read."""
         if key in self._proxies:
             return self._proxies[key]
-        depth = self._depths.get(key, depth)
         function = self.context.functions.get(key)
         if function is None:
             return None
@@ -701,6 +677,9 @@ class ProjectView:
                               span(function.loc), params, where=where)
         self._proxies[key] = proxy
         calls = self.context.calls.get(key, ()) if depth > 0 else ()
+        for call in calls:
+            if call.caller is not None:
+                self._proxy(call.caller, depth - 1)
         if calls:
             proxy.pending = lambda: [self._call_site(call, proxy, depth) for call in calls]
         return proxy
