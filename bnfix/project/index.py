@@ -71,9 +71,13 @@ class Caller(NamedTuple):
 
 
 class ProjectIndex:
-    def __init__(self, summaries: Mapping[str, ModuleSummary], modules: ModuleMap) -> None:
+    def __init__(self, summaries: Mapping[str, ModuleSummary], modules: ModuleMap,
+                 registers: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self.summaries = summaries
         self.modules = modules
+        # for each BN API id, the collections its statistics join (the catalogue's): fixed
+        # while the index lives, as the view's memo of graph facts assumes
+        self.registers: Mapping[str, tuple[str, ...]] = registers or {}
         self._reach: dict[tuple[str, str, Receiver | None], tuple[Reach, ...]] = {}
         self._busy: set[tuple[str, str, Receiver | None]] = set()
         self._cuts = 0  # times a recursion was cut (results computed meanwhile are partial)

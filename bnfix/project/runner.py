@@ -385,7 +385,7 @@ class ProjectRunner:
             from bnfix.project.index import ProjectIndex
 
             assert self._modules is not None
-            self._index = ProjectIndex(self.store, self._modules)
+            self._index = ProjectIndex(self.store, self._modules, self._registers)
             self._index.documented = self._documented
         return self._index
 
@@ -628,7 +628,7 @@ class ProjectRunner:
             digest (kept with the findings: without a cache, none)."""
             found = contexts.get(plan.absolute)
             if found is None:
-                known = file_context(index, plan.ref.module_id, self._registers) \
+                known = file_context(index, plan.ref.module_id) \
                     if plan.summarised else None
                 if known is not None:
                     known.imported = plan.ref.module_id in backward

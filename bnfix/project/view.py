@@ -183,9 +183,7 @@ def span(loc: Loc) -> Span:
 # -- where the index is ----------------------------------------------------------------------
 
 
-def file_context(index: ProjectIndex, module_id: str,
-                 registers: dict[str, tuple[str, ...]] | None = None) -> FileContext:
-    """`registers`: for each BN API id, the collections its statistics join (catalogue)."""
+def file_context(index: ProjectIndex, module_id: str) -> FileContext:
     summary = index.summaries.get(module_id)
     if summary is None:
         return FileContext("")
@@ -212,8 +210,7 @@ def file_context(index: ProjectIndex, module_id: str,
                 context.steps[call.loc] = steps
     context.facts = {k: list(v) for k, v in facts.items() if v}
     for function in summary.functions.values():
-        _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, module_id,
-                 registers or {})
+        _callers(index, (module_id, function.qualname), context, CALLER_DEPTH, module_id)
     context.marks = index.project_marks()
     context.other_marks = bool(index.marked_files() - {summary.path})
     context.apis = index.project_apis()
@@ -226,24 +223,22 @@ def file_context(index: ProjectIndex, module_id: str,
     return context
 
 
-def _graph_facts(index: ProjectIndex, module: str, function: str,
-                 registers: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+def _graph_facts(index: ProjectIndex, module: str, function: str) -> tuple[str, ...]:
     """What the code a caller runs puts in collections (`registers:KEY`): a custom BN that adds
     its statistics, or a BN API whose statistics join the collection (the graph a helper such as
     an EMA works on is its caller's)."""
     key = ("graph_facts", module, function)
     found = index.memo.get(key)
     if found is None:  # asked for each call a caller makes into the module, and per module
-        found = index.memo[key] = _graph_facts_of(index, module, function, registers)
+        found = index.memo[key] = _graph_facts_of(index, module, function)
     return found
 
 
-def _graph_facts_of(index: ProjectIndex, module: str, function: str,
-                    registers: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+def _graph_facts_of(index: ProjectIndex, module: str, function: str) -> tuple[str, ...]:
     facts = {f for f in index.facts_reached(module, function) if f.startswith("registers:")}
     for reach in index.reach(module, function):
         facts.add("builds_bn")
-        facts.update(f"registers:{key}" for key in registers.get(reach.api, ()))
+        facts.update(f"registers:{key}" for key in index.registers.get(reach.api, ()))
         named = reach.args.get("variables_collections")  # `[tf.GraphKeys.TRAINABLE_VARIABLES]`
         if named is not None and named.kind == "u":
             facts.update(f"registers:{key}" for key in GRAPH_KEY.findall(str(named.value)))
@@ -398,7 +393,7 @@ def _frozen_names(index: ProjectIndex, module_id: str, function: FunctionSummary
 
 
 def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
-             local: str, registers: dict[str, tuple[str, ...]]) -> None:
+             local: str) -> None:
     if callee in context.calls or depth < 0:
         return
     found = []
@@ -410,7 +405,7 @@ def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
             caller.module, caller.call, caller=summary.functions.get(caller.function))
                       if t.key == callee), caller.call.bound)
         key = None if caller.function == MODULE_SCOPE else (caller.module, caller.function)
-        facts = summary.facts + _graph_facts(index, caller.module, caller.function, registers) \
+        facts = summary.facts + _graph_facts(index, caller.module, caller.function) \
             + _frozen_names(index, caller.module, summary.functions.get(caller.function),
                             caller.call)
         found.append(ForeignCall(summary.path, key, caller.call, bound, facts))
@@ -420,7 +415,7 @@ def _callers(index: ProjectIndex, callee: Key, context: FileContext, depth: int,
                                                      function.name, function.class_name,
                                                      function.loc, function.params)
             if caller.module != local:
-                _callers(index, key, context, depth - 1, local, registers)
+                _callers(index, key, context, depth - 1, local)
     if found:
         context.calls[callee] = found
 
