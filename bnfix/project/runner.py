@@ -660,16 +660,17 @@ class ProjectRunner:
             for plan, _ in waiting.values():
                 known, digest = context(plan)
                 contexts[plan.absolute] = (None, digest)  # sent: only its digest is kept
-                if known is not None:
+                if known is not None and pool.remote:
                     known.marks = None  # the worker has them
                 yield plan.worker, (plan.absolute, plan.ref if plan.summarised else None,
                                     known, plan.ignored, self.fix, self.unsafe)
 
         pool = self._workers(len(waiting))
-        # every context holds the project's marks (timm: 48 KB a file, two thirds of what was
-        # sent to the workers): each worker gets them once
-        marks = index.project_marks()
-        list(pool.run("set_marks", [(i, (marks,)) for i in range(pool.size)]))
+        if pool.remote:
+            # every context holds the project's marks (timm: 48 KB a file, two thirds of what
+            # was sent to the workers): each worker gets them once
+            marks = index.project_marks()
+            list(pool.run("set_marks", [(i, (marks,)) for i in range(pool.size)]))
         for result in pool.run("check_file", jobs()):
             plan, consulted = waiting[result.path]
             result.path = plan.shown

@@ -39,6 +39,8 @@ def _serve(conn: Connection, make: Callable[[], Any]) -> None:
 class InProcess:
     """The same interface, run here (small projects: starting processes costs more)."""
 
+    remote = False  # jobs reach the state as they are, not pickled
+
     def __init__(self, make: Callable[[], Any]) -> None:
         self.state = make()
         self.size = 1
@@ -55,6 +57,8 @@ class InProcess:
 
 
 class Processes:
+    remote = True  # each job is pickled to a worker process
+
     def __init__(self, size: int, make: Callable[[], Any]) -> None:
         import multiprocessing
 
