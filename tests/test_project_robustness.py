@@ -265,11 +265,11 @@ def test_the_name_search_after_an_edit_recomputes_what_reaches_it_and_equals_a_w
 
     def compared(self, project, plans):
         got = original(self, project, plans)
-        if self._pairs is not None:
+        if self._bn_names is not None:
             every = contributions(ProjectIndex(self.store, self._modules), list(self.store),
                                   {}, {})  # the unrecorded search over every module
             whole = {pair for part in every.values() for pair in part.pairs}
-            assert self._pairs == whole
+            assert {(t, n) for n, tails in self._bn_names for t in tails} == whole
             assert {(t, n) for n, tails in got for t in tails} == whole
         return got
 

@@ -120,7 +120,7 @@ class ProjectRunner:
         self.internal: list[tuple[str, str]] = []  # files not asked about that crashed: traceback
         self.store = SummaryStore()
         self._mentioned: set[str] = set()  # unparsable files that use first-party BN code
-        self._pairs: set[tuple[str, str]] | None = None
+        self._bn_names: Names | None = None  # the name search's names, grouped
         # each module's part of the name search, for the summaries in the store (see names.py)
         self._parts: dict[str, name_search.Contribution] | None = None
         self._scope = ""  # digest of the project's files and their module names
@@ -330,18 +330,18 @@ class ProjectRunner:
     def _uses_bn_code(self, path: str) -> bool:
         """Whether a file that does not parse names first-party BN code with its module
         (`resnet` and `inference`): the rules would read it, so BN900 is worth reporting."""
-        if self._pairs is None:
+        if self._bn_names is None:
             assert self._modules is not None
             from bnfix.project import names as name_search
 
-            self._pairs = name_search.interesting_pairs(self._current_index())
+            self._bn_names = _grouped(name_search.interesting_pairs(self._current_index()))
         text = self.overlay.get(path)
         if text is None:
             try:
                 text = decode(read_source(path, self.max_bytes)).text
             except (Skipped, SourceError):
                 return False
-        return mentioned(_code_names(text), _grouped(self._pairs))
+        return mentioned(_code_names(text), self._bn_names)
 
     def _names(self, project: str, plans: list[Plan]) -> Names:
         """The names that make a file worth summarising, each with the modules whose name a
@@ -369,11 +369,11 @@ class ProjectRunner:
         parts = {**kept, **name_search.contributions(index, sorted(redo), self.store.digests,
                                                      kept)}
         self._parts = parts
-        self._pairs = {pair for part in parts.values() for pair in part.pairs}
-        names = _grouped(self._pairs)
+        pairs = {pair for part in parts.values() for pair in part.pairs}
+        names = self._bn_names = _grouped(pairs)
         if self.cache is not None:
             self.cache.meta.update(names_for=project,
-                                   names=" ".join(f"{t}.{n}" for t, n in sorted(self._pairs)),
+                                   names=" ".join(f"{t}.{n}" for t, n in sorted(pairs)),
                                    names_scope=self._scope,
                                    name_parts=name_search.to_text(parts))
         return names
