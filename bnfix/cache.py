@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bnfix import __version__
+from bnfix.atomic import replace_text
 from bnfix.findings import Diagnostic, diagnostic_from_dict, diagnostic_to_dict
 from bnfix.source.reader import Skipped, SourceError, read_source
 
@@ -310,7 +311,7 @@ class Cache:
             for name, entry in self.entries.items():
                 line = self._lines.get(name) if name not in self.changed else None
                 lines.append(line if line is not None else _line(name, entry, racy))
-            write_text(self.path, "\n".join(lines) + "\n")
+            replace_text(self.path, "\n".join(lines) + "\n", TEMPORARY)
             prune_other_keys(self.path, "", ".jsonl")
         except OSError:
             return  # a read-only checkout: run without a cache rather than fail
@@ -379,22 +380,7 @@ def prune_other_keys(keep: Path, prefix: str, suffix: str) -> None:
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Replace `path` with `payload` at once (a temporary file renamed over it)."""
     # json.dumps: the C encoder (json.dump is the pure-Python one, 1.6x slower on large data)
-    write_text(path, json.dumps(payload, separators=(",", ":")))
-
-
-def write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` at once (a temporary file renamed over it: created as
-    `tempfile.mkstemp` creates one, whose import took 7 ms of every run that saves)."""
-    tmp = os.path.join(path.parent, f"{TEMPORARY}{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    replace_text(path, json.dumps(payload, separators=(",", ":")), TEMPORARY)
 
 
 def _line(name: str, entry: Entry, racy_ns: int) -> str:

@@ -28,13 +28,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bnfix.atomic import RANDOM, temporary_file
 from bnfix.source.reader import UNLIMITED, Skipped, SourceError, read_source
 
 TEMP_SUFFIX = ".bnfix"
-# `.NAME.` + mkstemp's 8 random characters + `.bnfix`: nothing else is ever removed
+# `.NAME.` + 8 random characters (atomic.RANDOM) + `.bnfix`: nothing else is ever removed
 _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.bnfix", re.DOTALL)
 STALE_TEMP_SECONDS = 60  # a temporary file older than the run by this much was left by a kill
-_RANDOM = 8
 NAME_MAX = 255
 _FLAGS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO never blocks
 
@@ -84,10 +84,7 @@ class Writer:
         """Write a temporary file with the file's mode, owner and group, then rename it over
         the file (after the digest check). False when the owner or group cannot be given to
         it (then nothing was changed)."""
-        import tempfile
-
-        tmp_fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=TEMP_SUFFIX,
-                                       dir=target.parent)
+        tmp_fd, tmp = temporary_file(target.parent, temp_prefix(target), TEMP_SUFFIX)
         try:
             with os.fdopen(tmp_fd, "wb") as fh:
                 fh.write(data)
@@ -164,7 +161,7 @@ def temp_prefix(target: Path) -> str:
         name_max = os.pathconf(target.parent, "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):
         name_max = NAME_MAX
-    room = name_max - len(".") - len(".") - _RANDOM - len(TEMP_SUFFIX)
+    room = name_max - len(".") - len(".") - RANDOM - len(TEMP_SUFFIX)
     name = target.name
     while len(os.fsencode(name)) > room:
         name = name[:-1]

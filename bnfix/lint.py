@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
+from bnfix.atomic import replace_text
 from bnfix.cache import Cache, cache_folder, cache_key
 from bnfix.config import ConfigError, Settings, check_selectors, load_settings
 from bnfix.engine import Engine
@@ -389,21 +390,10 @@ def _check_combination(options: LintOptions) -> None:
 
 def _write_output(path: Path, text: str) -> None:
     """-o/--output-file: the report replaces the file at once."""
-    import tempfile
-
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".bnfix",
-                                   dir=path.parent if str(path.parent) else ".")
+        replace_text(path, text, f".{path.name}.", ".bnfix")
     except OSError as exc:
         raise UsageError(f"{path}: cannot write the output file ({exc.strerror or exc})") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _unsafe_flag(options: LintOptions) -> str:
