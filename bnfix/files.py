@@ -8,13 +8,10 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from bnfix.gitignore import GitIgnore
 from bnfix.source.reader import Skipped, SourceError, read_source
-
-if TYPE_CHECKING:
-    from pathspec import GitIgnoreSpec
-
 
 DEFAULT_EXCLUDE = (
     ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".mypy_cache", ".nox",
@@ -74,7 +71,7 @@ class _Exclude:
 class _Ignores:
     """Exclude patterns plus the .gitignore files that apply below a folder (deepest last)."""
 
-    def __init__(self, exclude: _Exclude, git: list[tuple[Path, GitIgnoreSpec]]) -> None:
+    def __init__(self, exclude: _Exclude, git: list[tuple[Path, GitIgnore]]) -> None:
         self.exclude = exclude
         self.git = git
 
@@ -92,34 +89,20 @@ class _Ignores:
                 rel_git = path.relative_to(base).as_posix()
             except ValueError:
                 continue
-            include = _folder_match(spec, rel_git) if is_dir else spec.check_file(rel_git).include
+            include = spec.match(rel_git, is_dir)
             if include is not None:
                 return include
         return False
 
 
-def _folder_match(spec: GitIgnoreSpec, rel: str) -> bool | None:
-    """Whether a folder is ignored by `spec`: the last pattern that matches it decides, as in
-    git. (pathspec ranks a pattern that matches through the trailing `/` below one that matches
-    the name, so `*` then `!*/` — keep the folders, audioset_tagging_cnn's .gitignore — ignored
-    every folder.)"""
-    include = None
-    for pattern in spec.patterns:
-        if pattern.include is not None and pattern.match_file(rel + "/") is not None:
-            include = pattern.include
-    return include
-
-
-def _read_gitignore(path: Path) -> GitIgnoreSpec | None:
+def _read_gitignore(path: Path) -> GitIgnore | None:
     try:  # only a regular file: a FIFO never blocks the walk, a link to /dev/zero is refused
         lines = read_source(path, MAX_GITIGNORE_BYTES).decode("utf-8", "replace").splitlines()
     except (SourceError, Skipped):
         return None
     if not lines:
         return None
-    from pathspec import GitIgnoreSpec  # only when a .gitignore exists (50 ms to import)
-
-    return GitIgnoreSpec.from_lines(lines)
+    return GitIgnore.from_lines(lines)
 
 
 def _git_root(start: Path) -> Path | None:
@@ -146,7 +129,7 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     # A folder named on the command line is walked even when an ancestor's .gitignore covers
     # it (as ruff does): such a .gitignore would otherwise match everything below.
     kept = [(base_dir, spec) for base_dir, spec in ignores.git
-            if spec.check_file(folder.relative_to(base_dir).as_posix() + "/").include is not True]
+            if folder == base_dir or not spec.covers(folder.relative_to(base_dir).as_posix())]
     return _Ignores(ignores.exclude, kept)
 
 

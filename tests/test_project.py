@@ -61,6 +61,6 @@ def test_base_install_requires_only_the_lint_path(tmp_path: Path):
     requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
     base = sorted(r.split(";")[0].split(">")[0].split("<")[0].split("=")[0].strip()
                   for r in requires if "extra ==" not in r)
-    assert base == ["libcst", "pathspec", "tomli"]
+    assert base == ["libcst", "tomli"]
     extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
     assert {"torch", "tf", "onnx", "all", "dev"} <= extras

@@ -1,0 +1,115 @@
+"""bnfix.gitignore against git itself: the files a walk keeps are the files git does not
+ignore (`git ls-files --others --exclude-standard`), on generated trees and ignore files."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bnfix.files import discover
+from bnfix.gitignore import GitIgnore, parse
+
+GIT = shutil.which("git")
+CASES = 160
+NAMES = ["a", "b", "ab", "c", "x.py", "t_x.py"]
+FILES = ["x.py", "y.py", "a.py", "ab.py", "t_x.py", "b.pyi", "c.txt", "[a].py", "#a.py", "!x.py"]
+SEGMENTS = ["a", "b", "ab", "x.py", "*", "*.py", "a*", "?.py", "[ab]", "[!a]*", "t_*", "**",
+            "*.pyi", "[a-b]*.py", "\\[a].py", "\\#a.py", "x.[!t]y", "[[:alpha:]].py", "[]a].py"]
+
+
+@pytest.mark.parametrize(("line", "path", "is_dir", "expected"), [
+    ("*.py", "a/x.py", False, True),  # no slash: any depth, the name
+    ("/x.py", "a/x.py", False, None),  # anchored to the file's folder
+    ("a/x.py", "a/x.py", False, True),
+    ("build/", "build", False, None),  # folders only
+    ("build/", "src/build", True, True),
+    ("a/**/b", "a/b", True, True),  # any number of folders, none included
+    ("a/**/b", "a/x/y/b", True, True),
+    ("a/**", "a", True, None),  # everything inside, not the folder
+    ("**/x.py", "p/q/x.py", False, True),
+    ("a?.py", "a/.py", False, None),  # never `/`
+    ("[!a].py", "/.py", False, None),
+    ("x.py\\ ", "x.py ", False, True),  # a quoted trailing space stays
+    ("x.py  ", "x.py", False, True),  # unquoted ones go
+    ("\\!x.py", "!x.py", False, True),
+    ("!x.py", "x.py", False, False),  # re-included
+    ("[a", "[a", False, None),  # unclosed: git never matches it
+    ("[[:nope:]]", "a", False, None),
+    ("[b-a]x", "ax", False, None),  # a reversed range matches nothing
+    ("a//", "a", True, None),  # one `/` is the folder mark: `a/` is left, anchored
+])
+def test_a_line_matches_as_git_documents(line: str, path: str, is_dir: bool,
+                                         expected: bool | None) -> None:
+    assert GitIgnore.from_lines([line]).match(path, is_dir) is expected
+
+
+def test_comments_blank_lines_and_lone_markers_are_no_patterns() -> None:
+    assert [parse(line) for line in ["", "   ", "# a", "!", "/", "!/"]] == [None] * 6
+
+
+def test_the_last_matching_pattern_decides_and_covers_sees_the_folders_above() -> None:
+    spec = GitIgnore.from_lines(["*", "!*/", "!*.py", "_logs"])  # audioset_tagging_cnn's
+    assert spec.match("pytorch", True) is False and spec.match("pytorch/main.py", False) is False
+    assert spec.match("data.csv", False) is True and spec.match("_logs", True) is True
+    assert spec.covers("_logs/run1") and not spec.covers("pytorch/utils")
+
+
+def _pattern(rng: random.Random) -> str:
+    if rng.random() < 0.05:
+        return rng.choice(["", "# comment", "   ", "!"])
+    segments = [rng.choice(SEGMENTS) for _ in range(rng.choice([1, 1, 2, 3]))]
+    text = "/".join(segments)
+    if rng.random() < 0.2:
+        text = "/" + text
+    if rng.random() < 0.25:
+        text += "/"
+    if rng.random() < 0.25:
+        text = "!" + text
+    if rng.random() < 0.05:
+        text += "  "
+    return text
+
+
+def _tree(rng: random.Random, root: Path, depth: int = 0) -> list[Path]:
+    folders = [root]
+    for name in rng.sample(FILES, rng.randint(1, 5)):
+        (root / name).write_text("x = 1\n", encoding="utf-8")
+    if depth < 3:
+        for name in rng.sample(NAMES, rng.randint(0, 3)):
+            sub = root / name
+            if sub.exists():  # a file took the name
+                continue
+            sub.mkdir()
+            folders += _tree(rng, sub, depth + 1)
+    return folders
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git: the reference this matcher is held to")
+def test_a_walk_keeps_the_files_git_does_not_ignore(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_CONFIG_GLOBAL": os.devnull, "XDG_CONFIG_HOME": str(tmp_path)}
+    rng = random.Random(20261207)
+    for case in range(CASES):
+        root = tmp_path / f"case{case}"
+        root.mkdir()
+        subprocess.run([GIT, "init", "-q", str(root)], check=True, env=env)
+        folders = _tree(rng, root)
+        lines = {}
+        for folder in rng.sample(folders, min(len(folders), rng.randint(1, 3))):
+            lines[folder] = [_pattern(rng) for _ in range(rng.randint(1, 6))]
+            (folder / ".gitignore").write_text("\n".join(lines[folder]) + "\n", encoding="utf-8")
+        if rng.random() < 0.3:
+            lines[root / ".git"] = [_pattern(rng) for _ in range(2)]
+            (root / ".git" / "info" / "exclude").write_text("\n".join(lines[root / ".git"]) + "\n",
+                                                            encoding="utf-8")
+        listed = subprocess.run([GIT, "ls-files", "--others", "--exclude-standard", "-z"],
+                                cwd=root, env=env, capture_output=True, check=True).stdout
+        expected = sorted(p for p in listed.decode().split("\0") if p.endswith((".py", ".pyi")))
+        found = sorted(c.path.relative_to(root).as_posix()
+                       for c in discover([root], root=root, exclude=[], extend_exclude=[]))
+        assert found == expected, (case, {str(k.relative_to(root)): v for k, v in lines.items()})
