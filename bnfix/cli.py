@@ -6,6 +6,7 @@ line) like one that lands later."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -425,6 +426,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # also while bnfix's modules are still being imported
         sys.stderr.write(f"bnfix: {INTERRUPTED}\n")
         return 130
+
+
+QUICK_EXIT = frozenset({"check", "fix"})  # commands that leave nothing for the teardown to do
+
+
+def run() -> int:
+    """The `bnfix` command: `main()`, and after `check` or `fix` an exit without the
+    interpreter's teardown (every module and object freed one by one: 15-25 ms, a fifth of the
+    check of an unchanged tree), once the output is flushed. Their workers are joined and their
+    files written and closed before `main()` returns; the other commands (servers, training
+    runs, temporary folders) exit as usual."""
+    code = main()
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if command not in QUICK_EXIT:
+        return code
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away: as `main()` reports it
+        code = 1
+    except OSError:
+        code = 2
+    os._exit(code)
 
 
 def _main(argv: list[str] | None) -> int:
