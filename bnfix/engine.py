@@ -13,9 +13,7 @@ from bnfix.checks.names import is_test_module
 from bnfix.config import CURRENT_TENSORFLOW
 from bnfix.findings import Applicability, Diagnostic, FileResult, Pos, RelatedLocation, Span
 from bnfix.rulebook import ApiSpec, RuleBook
-from bnfix.source.reader import SourceError, decode, parse
-from bnfix.source.text import SourceText
-from bnfix.source.writer import apply_fixes, buildable, final_check, lower
+from bnfix.source.reader import SourceError, decode
 
 if TYPE_CHECKING:
     from bnfix.ir import Finding, ModuleIR
@@ -23,6 +21,7 @@ if TYPE_CHECKING:
     from bnfix.project.summary import ModuleSummary
     from bnfix.source.imports import ModuleContext
     from bnfix.source.resolve import Resolver
+    from bnfix.source.text import SourceText
 
 MAX_FIX_PASSES = 10
 # A rule trigger that stands for the BN API names of the catalogue (`@bn-apis:tensorflow`:
@@ -189,6 +188,8 @@ class Engine:
     def lift(self, text: str, path: str, context: ModuleContext | None = None) -> Lifted:
         """Parse, walk and resolve (raises SourceError for BN900)."""
         from bnfix.source import lift as lifting
+        from bnfix.source.reader import parse
+        from bnfix.source.text import SourceText
 
         tree = parse(text, path)
         source = SourceText(text)
@@ -234,6 +235,7 @@ class Engine:
         if not findings:
             return []
         from bnfix.source.noqa import Suppressions
+        from bnfix.source.writer import buildable, lower
 
         source = lifted.source
         suppressions = Suppressions.scan(source)
@@ -268,6 +270,9 @@ class Engine:
                  ignored: frozenset[str] = frozenset(), project: FileProject | None = None,
                  lifted: Lifted | None = None) -> FileResult:
         """Apply fixes until none applies; the result holds the remaining diagnostics."""
+        from bnfix.source.text import SourceText
+        from bnfix.source.writer import apply_fixes, final_check
+
         result = FileResult(path)
         diagnostics = self.diagnose(text, path, ignored, project, lifted)
         current = text

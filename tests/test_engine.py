@@ -156,9 +156,9 @@ def test_select_and_ignore():
 
 
 def test_final_libcst_check_rejects_the_whole_file(monkeypatch):
-    import bnfix.engine as engine_module
+    import bnfix.source.writer as writer_module
 
-    monkeypatch.setattr(engine_module, "final_check",
+    monkeypatch.setattr(writer_module, "final_check",
                         lambda text, original=None: "LibCST: simulated refusal")
     engine = Engine(load_rulebook(), frozenset({"BN004"}))
     source = ("import tensorflow as tf\nnet = tf.layers.batch_normalization(x, training=t)\n"

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from bnfix.source.imports import ModuleContext
+if TYPE_CHECKING:
+    from bnfix.source.imports import ModuleContext
 
 INIT = "__init__.py"
 
@@ -205,6 +206,8 @@ class ModuleRef(NamedTuple):
     package: bool
 
     def context(self, first_party: frozenset[str]) -> ModuleContext:
+        from bnfix.source.imports import ModuleContext  # with the analysis (it imports ast)
+
         return ModuleContext(self.import_name, self.package, first_party)
 
 

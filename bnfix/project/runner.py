@@ -16,7 +16,6 @@ import heapq
 import io
 import os
 import re
-import tokenize
 from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -759,7 +758,10 @@ def mentioned(words: AbstractSet[str], names: Names) -> bool:
 
 def _code_names(text: str) -> set[str]:
     """The names written in code (not in strings or comments); Python 2 sources tokenize
-    too, mostly: what follows a token error is read as plain words."""
+    too, mostly: what follows a token error is read as plain words (only files that do not
+    parse are read so: tokenize is imported here)."""
+    import tokenize
+
     names: set[str] = set()
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):

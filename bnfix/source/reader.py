@@ -3,25 +3,26 @@ BN901 (cannot read or decode) and BN900 (does not parse, Python 2 named as such)
 
 from __future__ import annotations
 
-import ast
-import io
 import os
 import re
 import stat
 import sys
-import tokenize
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+if TYPE_CHECKING:
+    import ast
+
+# what marks a line that does not parse as Python 2 (compiled when one is met)
 _PY2_HINTS = (
-    (re.compile(r"^\s*print\s+[^\s(=]"), "a `print` statement"),
-    (re.compile(r"^\s*exec\s+[\"'\w]"), "an `exec` statement"),
-    (re.compile(r"except\s+[\w.]+\s*,\s*\w+\s*:"), "`except X, e:`"),
-    (re.compile(r"^\s*raise\s+[\w.]+\s*,"), "`raise X, msg`"),
-    (re.compile(r"\b0[0-7]+\b"), "an old-style octal literal"),
-    (re.compile(r"\b(?:0[xX][0-9a-fA-F]+|\d+)[lL]\b"), "a `long` literal (`10L`)"),
-    (re.compile(r"\bur[\"']"), "a `ur''` string"),
-    (re.compile(r"<>"), "the `<>` operator"),
-    (re.compile(r"`[^`]+`"), "backtick repr"),
+    (r"^\s*print\s+[^\s(=]", "a `print` statement"),
+    (r"^\s*exec\s+[\"'\w]", "an `exec` statement"),
+    (r"except\s+[\w.]+\s*,\s*\w+\s*:", "`except X, e:`"),
+    (r"^\s*raise\s+[\w.]+\s*,", "`raise X, msg`"),
+    (r"\b0[0-7]+\b", "an old-style octal literal"),
+    (r"\b(?:0[xX][0-9a-fA-F]+|\d+)[lL]\b", "a `long` literal (`10L`)"),
+    (r"\bur[\"']", "a `ur''` string"),
+    (r"<>", "the `<>` operator"),
+    (r"`[^`]+`", "backtick repr"),
 )
 
 
@@ -45,6 +46,9 @@ class Decoded(NamedTuple):
 
 def decode(data: bytes) -> Decoded:
     """Decode with the PEP 263 cookie / BOM, as the interpreter would."""
+    import io
+    import tokenize  # here: a run whose files all come from the cache reads none
+
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:
@@ -66,6 +70,8 @@ def decode(data: bytes) -> Decoded:
 
 
 def parse(text: str, path: str) -> ast.Module:
+    import ast  # here: a run whose files all come from the cache parses none
+
     try:
         return ast.parse(text, filename=path)
     except SyntaxError as exc:
@@ -106,7 +112,7 @@ def python2_hint(message: str, line: str) -> str | None:
         return "tabs and spaces mixed in its indentation, which only Python 2 ran"
     code = line.split("#", 1)[0]
     for pattern, what in _PY2_HINTS:
-        if pattern.search(code):
+        if re.search(pattern, code):
             return what
     return None
 

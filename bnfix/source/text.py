@@ -4,9 +4,7 @@ character positions, and back into offsets for edits. Line endings are the file'
 from __future__ import annotations
 
 import bisect
-import io
 import re
-import tokenize
 from functools import cached_property
 
 from bnfix.findings import Pos, Span
@@ -133,6 +131,9 @@ class SourceText:
     @cached_property
     def comments(self) -> dict[int, str]:
         """Row -> the comment on it (tokenized once, only when a suppression check needs it)."""
+        import io
+        import tokenize
+
         out: dict[int, str] = {}
         for tok in tokenize.generate_tokens(io.StringIO(self.text, newline="").readline):
             if tok.type == tokenize.COMMENT:
@@ -143,6 +144,9 @@ class SourceText:
     def rows_inside_strings(self) -> frozenset[int]:
         """Rows that begin inside a multi-line string: re-indenting them would change the
         string's value. Tokenizes the file once, only when a structural edit needs it."""
+        import io
+        import tokenize
+
         inside: set[int] = set()
         middle = getattr(tokenize, "FSTRING_MIDDLE", None)
         for tok in tokenize.generate_tokens(io.StringIO(self.text, newline="").readline):
