@@ -119,8 +119,7 @@ class Rule(NamedTuple):
     frameworks: tuple[str, ...]
     triggers: tuple[str, ...]  # the rule concerns a text holding one of these words
     in_tests: bool  # reported in test modules too (False: tests exercise such values on purpose)
-    docs: RuleDocs
-    examples: tuple[Example, ...]
+    details: RuleDetails  # its docs and examples, read when first asked for
     path: Path
     target: str = "source"
     project: bool = False  # also fires on what other files of the project say about a file
@@ -130,6 +129,14 @@ class Rule(NamedTuple):
     @property
     def url(self) -> str:
         return DOCS_URL.format(code=self.code)
+
+    @property
+    def docs(self) -> RuleDocs:
+        return self.details.get()[0]
+
+    @property
+    def examples(self) -> tuple[Example, ...]:
+        return self.details.get()[1]
 
     def markdown(self) -> str:
         """The rule's documentation in ruff's shape (what `bnfix rule CODE` prints)."""
@@ -365,27 +372,105 @@ def _require(data: dict[str, Any], key: str, path: Path) -> Any:
 
 
 DOC_KEYS = frozenset(RuleDocs._fields)
+# the keys of a rule file that only `bnfix rule`, SARIF's rule descriptions and the example
+# tests read (86% of the rule book's data): kept apart in the cache folder, read when asked for
+DETAIL_KEYS = ("docs", "examples")
 # a rule file's keys are the Rule's fields, spelled as in TOML (`in-tests`), its path aside
-RULE_KEYS = frozenset(f.replace("_", "-") for f in Rule._fields) - {"path"}
+RULE_KEYS = frozenset(f.replace("_", "-") for f in Rule._fields) - {"path", "details"} | \
+    set(DETAIL_KEYS)
 
 
-def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) -> Rule:
+class RuleDetails:
+    """A rule's documentation and examples: given when the rule file was just parsed (and
+    checked), else read on first use from the cache folder's copy (`source`), or from the rule
+    file itself when that copy is missing or damaged."""
+
+    __slots__ = ("_path", "_source", "_value")
+
+    def __init__(self, path: Path, source: _DetailsFile | None = None,
+                 value: tuple[RuleDocs, tuple[Example, ...]] | None = None) -> None:
+        self._path, self._source, self._value = path, source, value
+
+    def get(self) -> tuple[RuleDocs, tuple[Example, ...]]:
+        if self._value is None:
+            data = self._source.data(self._path) if self._source is not None else None
+            try:
+                self._value = _details(data, self._path) if data is not None else None
+            except RuleBookError:
+                self._value = None  # not what the rule file says: read the file
+            if self._value is None:
+                self._value = _details(_read_toml(self._path), self._path)
+        return self._value
+
+    def __repr__(self) -> str:
+        docs, examples = self.get()
+        return f"RuleDetails(docs={docs!r}, examples={examples!r})"
+
+
+def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml,
+               details: RuleDetails | None = None) -> Rule:
+    """A rule from its file's data; its docs and examples are checked now unless `details`
+    stands for them (data read back from the cache folder, checked when the file was parsed)."""
     data = read(path)
     unknown = sorted(set(data) - RULE_KEYS)
     if unknown:
         raise RuleBookError(f"{path}: unknown key `{unknown[0]}` (known: "
                             f"{', '.join(sorted(RULE_KEYS))})")
-    docs = _require(data, "docs", path)
-    unknown = sorted(set(docs) - DOC_KEYS)
-    if unknown:
-        raise RuleBookError(f"{path}: unknown key `docs.{unknown[0]}` (known: "
-                            f"{', '.join(sorted(DOC_KEYS))})")
+    docs = _docs(data, path) if details is None else None
     fix = _require(data, "fix", path)
     if fix not in FIX_KINDS:
         raise RuleBookError(f"{path}: fix must be one of {FIX_KINDS}, not `{fix}`")
     target = data.get("target", "source")
     if target not in TARGETS:
         raise RuleBookError(f"{path}: target must be one of {TARGETS}, not `{target}`")
+    if docs is not None:
+        details = RuleDetails(path, value=(docs, _examples(data, path)))
+    code = _require(data, "code", path)
+    if path.stem != code:
+        raise RuleBookError(f"{path}: file name must be the rule code `{code}`")
+    assert details is not None  # given, or made from the data just checked
+    return Rule(
+        code=code,
+        name=_require(data, "name", path),
+        summary=_require(data, "summary", path),
+        severity=data.get("severity", "error"),
+        fix=fix,
+        frameworks=tuple(data.get("frameworks", ())),
+        triggers=tuple(data.get("triggers", ())),
+        requires=tuple(data.get("requires", ())),
+        in_tests=bool(data.get("in-tests", True)),
+        details=details,
+        path=path,
+        target=target,
+        project=_flag(data, "project", False, path),
+        default=_flag(data, "default", True, path),
+    )
+
+
+def _details(data: dict[str, Any], path: Path) -> tuple[RuleDocs, tuple[Example, ...]]:
+    """A rule's docs and examples from its file's data (`target` and the two keys)."""
+    return _docs(data, path), _examples(data, path)
+
+
+def _docs(data: dict[str, Any], path: Path) -> RuleDocs:
+    docs = _require(data, "docs", path)
+    unknown = sorted(set(docs) - DOC_KEYS)
+    if unknown:
+        raise RuleBookError(f"{path}: unknown key `docs.{unknown[0]}` (known: "
+                            f"{', '.join(sorted(DOC_KEYS))})")
+    return RuleDocs(
+        what=_require(docs, "what", path),
+        why=_require(docs, "why", path),
+        example=_require(docs, "example", path),
+        use_instead=_require(docs, "use_instead", path),
+        fix_safety=_require(docs, "fix_safety", path),
+        references=tuple(docs.get("references", ())),
+        known_problems=docs.get("known_problems", ""),
+    )
+
+
+def _examples(data: dict[str, Any], path: Path) -> tuple[Example, ...]:
+    target = data.get("target", "source")
     examples = []
     for i, ex in enumerate(data.get("examples", [])):
         kind = _require(ex, "kind", path)
@@ -411,34 +496,7 @@ def _load_rule(path: Path, read: Callable[[Path], dict[str, Any]] = _read_toml) 
                 name=ex.get("name", f"{kind}-{i}"),
             )
         )
-    code = _require(data, "code", path)
-    if path.stem != code:
-        raise RuleBookError(f"{path}: file name must be the rule code `{code}`")
-    return Rule(
-        code=code,
-        name=_require(data, "name", path),
-        summary=_require(data, "summary", path),
-        severity=data.get("severity", "error"),
-        fix=fix,
-        frameworks=tuple(data.get("frameworks", ())),
-        triggers=tuple(data.get("triggers", ())),
-        requires=tuple(data.get("requires", ())),
-        in_tests=bool(data.get("in-tests", True)),
-        docs=RuleDocs(
-            what=_require(docs, "what", path),
-            why=_require(docs, "why", path),
-            example=_require(docs, "example", path),
-            use_instead=_require(docs, "use_instead", path),
-            fix_safety=_require(docs, "fix_safety", path),
-            references=tuple(docs.get("references", ())),
-            known_problems=docs.get("known_problems", ""),
-        ),
-        examples=tuple(examples),
-        path=path,
-        target=target,
-        project=_flag(data, "project", False, path),
-        default=_flag(data, "default", True, path),
-    )
+    return tuple(examples)
 
 
 def _flag(data: dict[str, Any], key: str, default: bool, path: Path) -> bool:
@@ -603,7 +661,8 @@ def _migration(entry: dict[str, Any], path: Path) -> Migration:
 def load_rulebook(root: Path | None = None, cache: Path | None = None) -> RuleBook:
     """Load every rule file and the catalogue (kept for the default location). `cache`: a
     folder where the files' parsed data is kept (a run's cache folder): TOML is parsed only
-    when the files changed, and every load checks the data as it checks the files'."""
+    when the files changed, and every load checks the data as it checks the files' (the docs
+    and examples when first read)."""
     global _DEFAULT
     if root is None:
         if _DEFAULT is None:
@@ -613,7 +672,9 @@ def load_rulebook(root: Path | None = None, cache: Path | None = None) -> RuleBo
 
     paths = rule_files(root)
     digest = files_digest(paths, root)  # editing a rule or the catalogue empties the cache
-    parsed = _parsed(root, cache, paths, digest) if cache is not None else {}
+    names = {path: path.relative_to(root).as_posix() for path in paths}
+    kept = _kept(cache, names, digest) if cache is not None else None
+    parsed = kept[0] if kept is not None else _parse_files(paths) if cache is not None else {}
 
     def read(path: Path) -> dict[str, Any]:
         return parsed[path] if path in parsed else _read_toml(path)
@@ -621,40 +682,75 @@ def load_rulebook(root: Path | None = None, cache: Path | None = None) -> RuleBo
     rules = {}
     for path in paths:
         if path.parent == root:  # the catalogue's files are read below
-            rule = _load_rule(path, read)
+            rule = _load_rule(path, read, RuleDetails(path, kept[1]) if kept else None)
             rules[rule.code] = rule
-    return RuleBook(rules=rules, catalogue=_load_catalogue(root / "catalogue", read),
+    book = RuleBook(rules=rules, catalogue=_load_catalogue(root / "catalogue", read),
                     digest=digest)
+    if cache is not None and kept is None and parsed:  # checked whole: worth keeping
+        _write_parsed(cache, digest, {names[path]: data for path, data in parsed.items()},
+                      {names[path] for path in paths if path.parent == root})
+    return book
 
 
 _DEFAULT: RuleBook | None = None
-PARSED_PREFIX = "rulebook-"  # the parsed rule book in a cache folder: rulebook-<digest>.parsed
+# the parsed rule book in a cache folder: rulebook-<digest>.parsed, the rules' docs and
+# examples beside it in rulebook-<digest>.details
+PARSED_PREFIX = "rulebook-"
+PARSED_FORMAT = 2  # in the files' names: a bnfix that kept them otherwise does not read them
+_MAX_PARSED_BYTES = 64 << 20
 
 
-def _parsed(root: Path, folder: Path, paths: list[Path], digest: str
-            ) -> dict[Path, dict[str, Any]]:
-    """The data of the rule files `paths`, from `folder` when it holds the parse of these very
-    files (by their `digest`), else parsed and written there (parsing the TOML was a fifth of
-    bnfix's start-up; reading the JSON back costs a tenth of it)."""
+class _DetailsFile:
+    """The docs and examples of every rule as a cache folder keeps them: one file, read when
+    the first rule's are asked for."""
+
+    __slots__ = ("_data", "names", "path")
+
+    def __init__(self, path: Path, names: dict[Path, str]) -> None:
+        self.path, self.names = path, names
+        self._data: dict[str, Any] | None = None
+
+    def data(self, rule: Path) -> dict[str, Any] | None:
+        if self._data is None:
+            from bnfix.source.reader import Skipped, SourceError, read_source
+
+            self._data = {}
+            try:  # a FIFO or a huge file planted there is refused without blocking
+                loaded = json.loads(read_source(self.path, _MAX_PARSED_BYTES).decode("utf-8"))
+                self._data = loaded if isinstance(loaded, dict) else {}
+            except (SourceError, Skipped, ValueError, RecursionError):
+                pass  # absent or damaged: each rule's file is read instead
+        entry = self._data.get(self.names.get(rule, ""))
+        return entry if isinstance(entry, dict) else None
+
+
+def _kept(folder: Path, names: dict[Path, str], digest: str
+          ) -> tuple[dict[Path, dict[str, Any]], _DetailsFile] | None:
+    """The data of the rule files, without their docs and examples, from `folder` when it
+    holds the parse of these very files (by their `digest`); None when it does not (parsing
+    the TOML was a fifth of bnfix's start-up; the docs and examples were 86% of its data)."""
     from bnfix.source.reader import Skipped, SourceError, read_source
 
-    names = {path.relative_to(root).as_posix(): path for path in paths}
-    target = folder / f"{PARSED_PREFIX}{digest[:24]}.parsed"
-
+    stem = folder / f"{PARSED_PREFIX}{digest[:24]}-{PARSED_FORMAT}"
     try:  # a FIFO or a huge file planted there is refused without blocking
-        data = json.loads(read_source(target, 16 << 20).decode("utf-8"))
-        if isinstance(data, dict) and set(data) == set(names) and \
-                all(isinstance(v, dict) for v in data.values()):
-            return {names[name]: value for name, value in data.items()}
+        data = json.loads(read_source(stem.with_suffix(".parsed"),
+                                      _MAX_PARSED_BYTES).decode("utf-8"))
     except (SourceError, Skipped, ValueError, RecursionError):
-        pass  # absent, or not what this bnfix wrote: parse the files
+        return None  # absent, or not what this bnfix wrote: parse the files
+    paths = {name: path for path, name in names.items()}
+    if not isinstance(data, dict) or set(data) != set(paths) or \
+            not all(isinstance(v, dict) for v in data.values()):
+        return None
+    return ({paths[name]: value for name, value in data.items()},
+            _DetailsFile(stem.with_suffix(".details"), names))
+
+
+def _parse_files(paths: list[Path]) -> dict[Path, dict[str, Any]]:
     try:
         texts = {path: path.read_bytes() for path in paths}
     except OSError:
         return {}  # the load reports the unreadable file
-    parsed = {path: _parse(path, text) for path, text in texts.items()}
-    _write_parsed(folder, target, {name: parsed[path] for name, path in names.items()})
-    return parsed
+    return {path: _parse(path, text) for path, text in texts.items()}
 
 
 def _parse(path: Path, text: bytes) -> dict[str, Any]:
@@ -665,15 +761,24 @@ def _parse(path: Path, text: bytes) -> dict[str, Any]:
         raise RuleBookError(f"{path}: cannot read rule data: {exc}") from exc
 
 
-def _write_parsed(folder: Path, target: Path, data: dict[str, Any]) -> None:
-    """Store the parse, removing those of other rule books (an upgraded bnfix's)."""
+def _write_parsed(folder: Path, digest: str, data: dict[str, dict[str, Any]],
+                  rules: set[str]) -> None:
+    """Store the parse (the rules' docs and examples apart), removing those of other rule
+    books (an upgraded bnfix's)."""
     from bnfix.cache import prepare_folder, write_json
 
+    stem = folder / f"{PARSED_PREFIX}{digest[:24]}-{PARSED_FORMAT}"
+    core = {name: {k: v for k, v in entry.items() if name not in rules or k not in DETAIL_KEYS}
+            for name, entry in data.items()}
+    details = {name: {k: entry[k] for k in (*DETAIL_KEYS, "target") if k in entry}
+               for name, entry in data.items() if name in rules}
     try:
         prepare_folder(folder)
-        write_json(target, data)
-        for old in folder.glob(PARSED_PREFIX + "*.parsed"):
-            if old != target:
+        write_json(stem.with_suffix(".details"), details)
+        write_json(stem.with_suffix(".parsed"), core)  # last: its presence says both are there
+        for old in [*folder.glob(PARSED_PREFIX + "*.parsed"),
+                    *folder.glob(PARSED_PREFIX + "*.details")]:
+            if old.stem != stem.name:
                 old.unlink()
     except (OSError, TypeError, ValueError):
         return  # a read-only place (or data JSON cannot hold): parse the files next time
