@@ -10,12 +10,18 @@ file below one cannot be re-included.
 Written here rather than imported: pathspec took 30-40 ms to import (its matching backends),
 more than the rest of bnfix's start-up, in every run of a repository with a `.gitignore`.
 Tests compare it with git itself on generated trees.
+
+Patterns with one or two `*` runs become regular expressions (one alternation per kind answers
+"no pattern matches", most paths, in one call); a pattern with more (`*a*a*a*b`) would make a
+backtracking regex take exponential time on a long name, a hang a hostile `.gitignore` could
+cause, so it is matched by a glob matcher that takes each star's shortest extension first and
+never returns to an earlier star (linear in the name's length, as git's wildmatch is).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 _CLASSES = {  # POSIX classes wildmatch knows, as the contents of a regex class
@@ -26,11 +32,15 @@ _CLASSES = {  # POSIX classes wildmatch knows, as the contents of a regex class
 }
 
 
+MAX_REGEX_STARS = 2  # `*` runs (a `**` segment is one) a pattern's regex may hold
+
+
 class Pattern(NamedTuple):
-    regex: re.Pattern[str]
+    test: Callable[[str], bool]  # whether the pattern matches a name, or a whole path
     negated: bool  # `!pattern`: a match re-includes
     folders_only: bool  # `pattern/`
     anchored: bool  # matched against the whole relative path, not the last name
+    regex: str | None  # its regex, None when matched by a glob (more stars)
 
 
 class GitIgnore:
@@ -38,9 +48,10 @@ class GitIgnore:
 
     def __init__(self, patterns: list[Pattern]) -> None:
         self.patterns = patterns
-        # one regex per kind, to answer "no pattern matches" (most paths) in one C call
-        self._names = _any(p.regex.pattern for p in patterns if not p.anchored)
-        self._paths = _any(p.regex.pattern for p in patterns if p.anchored)
+        # one regex per kind, to answer "no regex pattern matches" (most paths) in one call
+        self._names = _any(p.regex for p in patterns if not p.anchored and p.regex is not None)
+        self._paths = _any(p.regex for p in patterns if p.anchored and p.regex is not None)
+        self._globs = [p for p in patterns if p.regex is None]
 
     @classmethod
     def from_lines(cls, lines: Iterable[str]) -> GitIgnore:
@@ -50,13 +61,14 @@ class GitIgnore:
         """True: `rel` is ignored; False: re-included by a `!` pattern; None: no pattern
         matches it."""
         name = rel.rpartition("/")[2]
+        candidates = self.patterns
         if (self._names is None or self._names.fullmatch(name) is None) and \
                 (self._paths is None or self._paths.fullmatch(rel) is None):
-            return None
-        for pattern in reversed(self.patterns):
+            candidates = self._globs  # no regex pattern matches: only a glob can
+        for pattern in reversed(candidates):
             if pattern.folders_only and not is_dir:
                 continue
-            if pattern.regex.fullmatch(rel if pattern.anchored else name) is not None:
+            if pattern.test(rel if pattern.anchored else name):
                 return not pattern.negated
         return None
 
@@ -82,10 +94,16 @@ def parse(line: str) -> Pattern | None:
     text = text.removeprefix("/")
     if not text:
         return None
+    if len(re.findall(r"(?<!\\)\*+", text)) > MAX_REGEX_STARS:
+        glob = _Glob.of(text, anchored)
+        if glob is None:
+            return None
+        return Pattern(glob.match, negated, folders_only, anchored, None)
     source = _translate(text)
     if source is None:
         return None
-    return Pattern(re.compile(source, re.DOTALL), negated, folders_only, anchored)
+    return Pattern(re.compile(source, re.DOTALL).fullmatch, negated, folders_only, anchored,  # type: ignore[arg-type]
+                   source)
 
 
 def _any(sources: Iterable[str]) -> re.Pattern[str] | None:
@@ -190,6 +208,96 @@ def _bracket(pattern: str, i: int) -> tuple[str, int] | None:
     if negated:
         return f"[^/{body}]", i + 1
     return (f"(?!/)[{body}]" if body else "(?!)"), i + 1
+
+
+STAR = None  # a `*` run among a glob component's tokens
+
+
+class _Glob:
+    """A pattern matched without backtracking: each component is a list of tokens (a one-
+    character test, or STAR), `**` components match any number of path components. Each star
+    first takes nothing and grows only while what follows fails, and a later star's success
+    never sends the match back to an earlier one (the first fixed part that can follow a star
+    is the best place for it), so a match costs at most the name's length times the
+    pattern's."""
+
+    def __init__(self, parts: list[list[Callable[[str], bool] | None] | None]) -> None:
+        self.parts = parts  # None: a `**` component
+
+    @classmethod
+    def of(cls, text: str, anchored: bool) -> _Glob | None:
+        parts: list[list[Callable[[str], bool] | None] | None] = []
+        for component in text.split("/") if anchored else [text]:
+            if anchored and len(component) >= 2 and set(component) == {"*"}:
+                parts.append(None)
+                continue
+            tokens = _tokens(component)
+            if tokens is None:
+                return None
+            parts.append(tokens)
+        if len(parts) > 1 and parts[-1] is None:
+            parts.append([STAR])  # `dir/**`: everything inside, one component at least
+        return cls(parts)
+
+    def match(self, path: str) -> bool:
+        return _sequence(self.parts, path.split("/"), lambda part, name: part is None,
+                         lambda part, name: part is not None and _tokens_match(part, name))
+
+
+def _tokens(component: str) -> list[Callable[[str], bool] | None] | None:
+    """A component's tokens; None when it can never match (as `_translate`)."""
+    out: list[Callable[[str], bool] | None] = []
+    i, n = 0, len(component)
+    while i < n:
+        ch = component[i]
+        if ch == "*":
+            while i < n and component[i] == "*":
+                i += 1
+            out.append(STAR)
+            continue
+        if ch == "[":
+            found = _bracket(component, i + 1)
+            if found is None:
+                return None
+            source, i = found
+            out.append(re.compile(source, re.DOTALL).fullmatch)  # type: ignore[arg-type]
+            continue
+        if ch == "\\":
+            if i + 1 == n:
+                return None
+            out.append(component[i + 1].__eq__)  # quoted: itself
+            i += 2
+            continue
+        out.append((lambda _: True) if ch == "?" else ch.__eq__)
+        i += 1
+    return out
+
+
+def _tokens_match(tokens: list[Callable[[str], bool] | None], name: str) -> bool:
+    return _sequence(tokens, name, lambda token, ch: token is STAR,
+                     lambda token, ch: token is not STAR and token(ch))  # type: ignore[misc]
+
+
+def _sequence(pattern: list, items: list[str] | str, is_star: Callable, fits: Callable) -> bool:
+    """Whether `items` match `pattern`, whose star elements match any run of items and whose
+    other elements one item each (`fits`): the two-index walk with the last star's restart."""
+    p = i = 0
+    star, resume = -1, 0
+    while i < len(items):
+        if p < len(pattern) and is_star(pattern[p], items[i]):
+            star, resume = p, i
+            p += 1
+        elif p < len(pattern) and fits(pattern[p], items[i]):
+            p += 1
+            i += 1
+        elif star >= 0:
+            p, resume = star + 1, resume + 1
+            i = resume
+        else:
+            return False
+    while p < len(pattern) and is_star(pattern[p], None):
+        p += 1
+    return p == len(pattern)
 
 
 def _class_char(pattern: str, i: int) -> tuple[str | None, int]:

@@ -113,3 +113,30 @@ def test_a_walk_keeps_the_files_git_does_not_ignore(tmp_path: Path) -> None:
         found = sorted(c.path.relative_to(root).as_posix()
                        for c in discover([root], root=root, exclude=[], extend_exclude=[]))
         assert found == expected, (case, {str(k.relative_to(root)): v for k, v in lines.items()})
+
+
+def test_patterns_with_many_stars_are_matched_in_linear_time_as_regexes_would_match_them():
+    """`*a*a*...*b` as a backtracking regex takes exponential time on a long name of `a`s (a
+    hang a hostile .gitignore could cause; git answers at once): such a pattern is a glob,
+    and globs and regexes agree wherever both can be used."""
+    import re
+
+    from bnfix import gitignore
+
+    hostile = GitIgnore.from_lines(["*a" * 20 + "*b", "!" + "*a" * 20 + "*a/"])
+    assert hostile.patterns[0].regex is None  # more stars than a regex may hold
+    assert hostile.match("a" * 5000, False) is None and hostile.match("a" * 5000, True) is False
+    assert hostile.match("a" * 25 + "b", False) is True
+    rng = random.Random(7)
+    pieces = ["a", "b", "*", "?", "[ab]", "[!a]", "\\*", ".", "**", "/", "[a-b]", "\\?", "[]a]"]
+    names = ["a", "b", "ab", "ba", "aab", "x.a", "*", "?", "]", "a/b", "a/a/b", "b/a", "aa/bb/ab"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))).strip("/") or "a"
+        anchored = "/" in text
+        source, glob = gitignore._translate(text), gitignore._Glob.of(text, anchored)
+        assert (source is None) == (glob is None), text
+        if source is None:
+            continue
+        regex = re.compile(source, re.DOTALL)
+        for name in names if anchored else [n for n in names if "/" not in n]:
+            assert bool(regex.fullmatch(name)) == glob.match(name), (text, name)
