@@ -438,8 +438,7 @@ def run() -> int:
     files written and closed before `main()` returns; the other commands (servers, training
     runs, temporary folders) exit as usual."""
     code = main()
-    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    if command not in QUICK_EXIT:
+    if _command_word(sys.argv[1:]) not in QUICK_EXIT:
         return code
     try:
         sys.stdout.flush()
@@ -451,12 +450,16 @@ def run() -> int:
     os._exit(code)
 
 
+def _command_word(argv: list[str]) -> str | None:
+    """The command: the first word (`bnfix` itself has no option that takes a value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def _main(argv: list[str] | None) -> int:
     import signal
 
     argv = sys.argv[1:] if argv is None else argv
-    # the command is the first word: `bnfix` itself has no option that takes a value
-    parser = build_parser(next((a for a in argv if not a.startswith("-")), None))
+    parser = build_parser(_command_word(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported with the usage of the command they were given to
         command = parser.commands.get(args.command or "", parser)
