@@ -21,8 +21,8 @@ never returns to an earlier star (linear in the name's length, as git's wildmatc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple, TypeVar
 
 _CLASSES = {  # POSIX classes wildmatch knows, as the contents of a regex class
     "alnum": "a-zA-Z0-9", "alpha": "a-zA-Z", "blank": " \\t", "cntrl": "\\x00-\\x1f\\x7f",
@@ -94,14 +94,12 @@ def parse(line: str) -> Pattern | None:
     text = text.removeprefix("/")
     if not text:
         return None
-    if len(re.findall(r"(?<!\\)\*+", text)) > MAX_REGEX_STARS:
-        glob = _Glob.of(text, anchored)
-        if glob is None:
-            return None
-        return Pattern(glob.match, negated, folders_only, anchored, None)
-    source = _translate(text)
-    if source is None:
+    tokens = _lex(text)
+    if tokens is None:
         return None
+    if sum(t.kind in _STARS for t in tokens) > MAX_REGEX_STARS:
+        return Pattern(_Glob(tokens, anchored).match, negated, folders_only, anchored, None)
+    source = "".join(t.regex for t in tokens)
     return Pattern(re.compile(source, re.DOTALL).fullmatch, negated, folders_only, anchored,  # type: ignore[arg-type]
                    source)
 
@@ -131,8 +129,22 @@ def _trim_trailing_spaces(line: str) -> str:
     return line if last_space is None else line[:last_space]
 
 
-def _translate(pattern: str) -> str | None:
-    """A wildmatch pattern (`WM_PATHNAME`) as a regex for `fullmatch`."""
+CHAR, STAR, SLASH, FOLDERS, REST = "char", "star", "slash", "folders", "rest"
+_STARS = (STAR, FOLDERS, REST)  # the kinds that are a `*` run
+
+
+class _Token(NamedTuple):
+    """One element of a wildmatch pattern (`WM_PATHNAME`): a character test (CHAR), a `*` run
+    within a name (STAR), `/` (SLASH), a `**/` segment (FOLDERS: any number of folders, none
+    included) or a final `**` segment (REST: everything)."""
+
+    kind: str
+    regex: str  # its part of the pattern's regex (for `fullmatch`)
+    test: Callable[[str], bool] | None = None  # a CHAR's test of one character
+
+
+def _lex(pattern: str) -> list[_Token] | None:
+    """The pattern's tokens, read once for both matchers; None when it can never match."""
     out = []
     i, n = 0, len(pattern)
     while i < n:
@@ -144,31 +156,38 @@ def _translate(pattern: str) -> str | None:
             segment = j - i >= 2 and (i == 0 or pattern[i - 1] == "/") and \
                 (j == n or pattern[j] == "/")
             if segment and j == n:
-                out.append(".*")  # `dir/**`: everything inside
+                out.append(_Token(REST, ".*"))  # `dir/**`: everything inside
             elif segment:
-                out.append("(?:.*/)?")  # `**/`: any number of folders, none included
-                j += 1
+                out.append(_Token(FOLDERS, "(?:.*/)?"))
+                j += 1  # its `/`
             else:
-                out.append("[^/]*")
+                out.append(_Token(STAR, "[^/]*"))
             i = j
-        elif ch == "?":
-            out.append("[^/]")
-            i += 1
         elif ch == "[":
             found = _bracket(pattern, i + 1)
             if found is None:
                 return None
             source, i = found
-            out.append(source)
-        elif ch == "\\":
-            if i + 1 == n:
-                return None
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
+            out.append(_Token(CHAR, source, re.compile(source, re.DOTALL).fullmatch))  # type: ignore[arg-type]
+        elif ch == "\\" and i + 1 == n:
+            return None
         else:
-            out.append(re.escape(ch))
+            quoted = ch == "\\"
+            if quoted:
+                i += 1
+                ch = pattern[i]  # itself
+            if ch == "/":
+                out.append(_Token(SLASH, "/"))
+            elif ch == "?" and not quoted:
+                out.append(_Token(CHAR, "[^/]", _any_char))
+            else:
+                out.append(_Token(CHAR, re.escape(ch), ch.__eq__))
             i += 1
-    return "".join(out)
+    return out
+
+
+def _any_char(ch: str) -> bool:
+    return True  # within a name: never a `/`
 
 
 def _bracket(pattern: str, i: int) -> tuple[str, int] | None:
@@ -210,81 +229,62 @@ def _bracket(pattern: str, i: int) -> tuple[str, int] | None:
     return (f"(?!/)[{body}]" if body else "(?!)"), i + 1
 
 
-STAR = None  # a `*` run among a glob component's tokens
-
-
 class _Glob:
-    """A pattern matched without backtracking: each component is a list of tokens (a one-
-    character test, or STAR), `**` components match any number of path components. Each star
-    first takes nothing and grows only while what follows fails, and a later star's success
-    never sends the match back to an earlier one (the first fixed part that can follow a star
-    is the best place for it), so a match costs at most the name's length times the
-    pattern's."""
+    """A pattern matched without backtracking: its components (a list of tokens each, None
+    for a `**` segment, which matches any number of path components). Each star first takes
+    nothing and grows only while what follows fails, and a later star's success never sends
+    the match back to an earlier one (the first fixed part that can follow a star is the best
+    place for it), so a match costs at most the name's length times the pattern's."""
 
-    def __init__(self, parts: list[list[Callable[[str], bool] | None] | None]) -> None:
-        self.parts = parts  # None: a `**` component
-
-    @classmethod
-    def of(cls, text: str, anchored: bool) -> _Glob | None:
-        parts: list[list[Callable[[str], bool] | None] | None] = []
-        for component in text.split("/") if anchored else [text]:
-            if anchored and len(component) >= 2 and set(component) == {"*"}:
-                parts.append(None)
-                continue
-            tokens = _tokens(component)
-            if tokens is None:
-                return None
-            parts.append(tokens)
-        if len(parts) > 1 and parts[-1] is None:
-            parts.append([STAR])  # `dir/**`: everything inside, one component at least
-        return cls(parts)
+    def __init__(self, tokens: list[_Token], anchored: bool) -> None:
+        self.parts: list[list[_Token] | None] = [[]]
+        for token in tokens:
+            last = self.parts[-1]
+            if not anchored:
+                assert last is not None
+                last.append(_Token(STAR, "") if token.kind == REST else token)  # `**` alone
+            elif token.kind == SLASH:
+                self.parts.append([])
+            elif token.kind in (FOLDERS, REST):
+                self.parts[-1] = None  # a whole component, at the start of one
+                if token.kind == FOLDERS:
+                    self.parts.append([])
+                elif len(self.parts) > 1:
+                    self.parts.append([_Token(STAR, "")])  # `dir/**`: one component at least
+            else:
+                assert last is not None
+                last.append(token)
 
     def match(self, path: str) -> bool:
-        return _sequence(self.parts, path.split("/"), lambda part, name: part is None,
+        return _sequence(self.parts, path.split("/"), _is_none,
                          lambda part, name: part is not None and _tokens_match(part, name))
 
 
-def _tokens(component: str) -> list[Callable[[str], bool] | None] | None:
-    """A component's tokens; None when it can never match (as `_translate`)."""
-    out: list[Callable[[str], bool] | None] = []
-    i, n = 0, len(component)
-    while i < n:
-        ch = component[i]
-        if ch == "*":
-            while i < n and component[i] == "*":
-                i += 1
-            out.append(STAR)
-            continue
-        if ch == "[":
-            found = _bracket(component, i + 1)
-            if found is None:
-                return None
-            source, i = found
-            out.append(re.compile(source, re.DOTALL).fullmatch)  # type: ignore[arg-type]
-            continue
-        if ch == "\\":
-            if i + 1 == n:
-                return None
-            out.append(component[i + 1].__eq__)  # quoted: itself
-            i += 2
-            continue
-        out.append((lambda _: True) if ch == "?" else ch.__eq__)
-        i += 1
-    return out
+def _is_none(part: list[_Token] | None) -> bool:
+    return part is None
 
 
-def _tokens_match(tokens: list[Callable[[str], bool] | None], name: str) -> bool:
-    return _sequence(tokens, name, lambda token, ch: token is STAR,
-                     lambda token, ch: token is not STAR and token(ch))  # type: ignore[misc]
+def _is_star(token: _Token) -> bool:
+    return token.kind == STAR
 
 
-def _sequence(pattern: list, items: list[str] | str, is_star: Callable, fits: Callable) -> bool:
+def _tokens_match(tokens: list[_Token], name: str) -> bool:
+    return _sequence(tokens, name, _is_star,
+                     lambda token, ch: token.test is not None and token.test(ch))
+
+
+P = TypeVar("P")
+I = TypeVar("I")
+
+
+def _sequence(pattern: Sequence[P], items: Sequence[I], is_star: Callable[[P], bool],
+              fits: Callable[[P, I], bool]) -> bool:
     """Whether `items` match `pattern`, whose star elements match any run of items and whose
     other elements one item each (`fits`): the two-index walk with the last star's restart."""
     p = i = 0
     star, resume = -1, 0
     while i < len(items):
-        if p < len(pattern) and is_star(pattern[p], items[i]):
+        if p < len(pattern) and is_star(pattern[p]):
             star, resume = p, i
             p += 1
         elif p < len(pattern) and fits(pattern[p], items[i]):
@@ -295,7 +295,7 @@ def _sequence(pattern: list, items: list[str] | str, is_star: Callable, fits: Ca
             i = resume
         else:
             return False
-    while p < len(pattern) and is_star(pattern[p], None):
+    while p < len(pattern) and is_star(pattern[p]):
         p += 1
     return p == len(pattern)
 
