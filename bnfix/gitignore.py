@@ -273,12 +273,12 @@ def _tokens_match(tokens: list[_Token], name: str) -> bool:
                      lambda token, ch: token.test is not None and token.test(ch))
 
 
-P = TypeVar("P")
-I = TypeVar("I")
+Part = TypeVar("Part")
+Item = TypeVar("Item")
 
 
-def _sequence(pattern: Sequence[P], items: Sequence[I], is_star: Callable[[P], bool],
-              fits: Callable[[P, I], bool]) -> bool:
+def _sequence(pattern: Sequence[Part], items: Sequence[Item],
+              is_star: Callable[[Part], bool], fits: Callable[[Part, Item], bool]) -> bool:
     """Whether `items` match `pattern`, whose star elements match any run of items and whose
     other elements one item each (`fits`): the two-index walk with the last star's restart."""
     p = i = 0
