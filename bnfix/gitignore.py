@@ -140,7 +140,8 @@ class _Token(NamedTuple):
 
     kind: str
     regex: str  # its part of the pattern's regex (for `fullmatch`)
-    test: Callable[[str], bool] | None = None  # a CHAR's test of one character
+    test: Callable[[str], bool] | None = None  # a CHAR's test of one character (a class's: None
+    # until a glob needs it)
 
 
 def _lex(pattern: str) -> list[_Token] | None:
@@ -168,7 +169,7 @@ def _lex(pattern: str) -> list[_Token] | None:
             if found is None:
                 return None
             source, i = found
-            out.append(_Token(CHAR, source, re.compile(source, re.DOTALL).fullmatch))  # type: ignore[arg-type]
+            out.append(_Token(CHAR, source))  # its test is compiled for a glob only
         elif ch == "\\" and i + 1 == n:
             return None
         else:
@@ -239,6 +240,8 @@ class _Glob:
     def __init__(self, tokens: list[_Token], anchored: bool) -> None:
         self.parts: list[list[_Token] | None] = [[]]
         for token in tokens:
+            if token.kind == CHAR and token.test is None:  # a `[...]` class
+                token = token._replace(test=re.compile(token.regex, re.DOTALL).fullmatch)
             last = self.parts[-1]
             if not anchored:
                 assert last is not None
