@@ -146,5 +146,46 @@ def test_patterns_with_many_stars_are_matched_in_linear_time_as_regexes_would_ma
             continue
         regex = re.compile("".join(t.regex for t in tokens), re.DOTALL)
         glob = gitignore._Glob(tokens, anchored)
+        pattern = parse(text)
+        assert pattern is not None
+        screen = re.compile(pattern.screen, re.DOTALL)  # what a chunk's joined regex holds
         for name in names if anchored else [n for n in names if "/" not in n]:
-            assert bool(regex.fullmatch(name)) == glob.match(name), (text, name)
+            assert bool(regex.fullmatch(name)) == glob(name), (text, name)
+            assert not glob(name) or screen.fullmatch(name), (text, name, pattern.screen)
+
+
+def test_long_ignore_files_decide_as_their_patterns_one_by_one(monkeypatch) -> None:
+    """Literal patterns looked up by name or path, the others in chunks searched from the last:
+    the answer is the last pattern's that matches, as when every pattern is tried in turn
+    (chunks of three here, so that most lists span many)."""
+    from bnfix import gitignore
+
+    monkeypatch.setattr(gitignore, "CHUNK", 3)
+    rng = random.Random(11)
+    lines = ["a", "b", "x.py", "a/b", "/a", "a/", "!a", "!x.py", "*.py", "!*.py", "a*", "[ab]",
+             "**/b", "a/**", "*a*a*", "!b/", "t_*", "?", "/x.py", "!/a/b"]
+    paths = ["a", "b", "x.py", "a/b", "a/x.py", "b/a", "ab", "t_x.py", "a/a/b", "ba"]
+    for _ in range(300):
+        spec = GitIgnore.from_lines(rng.choice(lines) for _ in range(rng.randint(1, 30)))
+        for path in paths:
+            name = path.rpartition("/")[2]
+            for is_dir in (False, True):
+                expected = next((not p.negated for p in reversed(spec.patterns)
+                                 if (is_dir or not p.folders_only)
+                                 and p.test(path if p.anchored else name)), None)
+                assert spec.match(path, is_dir) is expected, (path, is_dir, spec.patterns)
+
+
+def test_a_long_generated_ignore_file_loads_in_linear_time() -> None:
+    """40,000 literal paths (a generated ignore file) and 20,000 patterns with wildcards: each
+    line is read once; no pattern's regex is compiled before a path needs it."""
+    from bnfix import gitignore
+
+    spec = GitIgnore.from_lines([f"build/out_{i}/f_{i}.o" for i in range(40000)] +
+                                [f"*.tmp{i}" for i in range(20000)] + ["!build/out_7/f_7.o"])
+    assert spec.match("build/out_7/f_7.o", False) is False
+    assert spec.match("build/out_8/f_8.o", False) is True
+    assert spec.match("x.tmp19999", False) is True and spec.match("x.py", False) is None
+    compiled = [p for p in spec.patterns if isinstance(p.test, gitignore._Regex)
+                and p.test._match is not None]
+    assert len(compiled) <= gitignore.CHUNK  # one chunk searched one by one, at most
