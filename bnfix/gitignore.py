@@ -36,6 +36,7 @@ _CLASSES = {  # POSIX classes wildmatch knows, as the contents of a regex class
 
 MAX_REGEX_STARS = 2  # `*` runs (a `**` segment is one) a pattern's regex may hold
 CHUNK = 1024  # patterns per joined regex (see GitIgnore)
+SCREEN_CHARS = 256  # of a pattern's regex in its chunk's joined regex, about
 
 
 class Pattern(NamedTuple):
@@ -44,8 +45,8 @@ class Pattern(NamedTuple):
     folders_only: bool  # `pattern/`
     anchored: bool  # matched against the whole relative path, not the last name
     regex: str | None  # its regex, None when matched by a glob (more stars)
-    # a regex that whatever the pattern matches matches too: its own, or for a glob its part
-    # up to the second `*` run followed by `.*` (a linear one: a screen, never the answer)
+    # a regex that whatever the pattern matches matches too: its own, or for a glob (or a
+    # long pattern) its start followed by `.*` (see _screen: a screen, never the answer)
     screen: str
     literal: str | None = None  # the name or path it matches when it has no wildcard
 
@@ -153,13 +154,33 @@ def parse(line: str) -> Pattern | None:
     if tokens is None:
         return None
     if sum(t.kind in _STARS for t in tokens) > MAX_REGEX_STARS:
-        second = [i for i, t in enumerate(tokens) if t.kind in _STARS][1]
-        screen = "".join(t.regex for t in tokens[:second]) + ".*"
-        return Pattern(_Glob(tokens, anchored), negated, folders_only, anchored, None, screen)
+        return Pattern(_Glob(tokens, anchored), negated, folders_only, anchored, None,
+                       _screen(tokens))
     source = "".join(t.regex for t in tokens)
     literal = "".join(t.text for t in tokens) \
         if all(t.kind in (LITERAL, SLASH) for t in tokens) else None
-    return Pattern(_Regex(source), negated, folders_only, anchored, source, source, literal)
+    screen = source if len(source) <= SCREEN_CHARS else _screen(tokens)
+    return Pattern(_Regex(source), negated, folders_only, anchored, source, screen, literal)
+
+
+def _screen(tokens: list[_Token]) -> str:
+    """A linear regex that whatever `tokens` match matches too: their regex up to the second
+    `*` run or about SCREEN_CHARS characters (a long literal cut there), then `.*`."""
+    out: list[str] = []
+    size = stars = 0
+    for token in tokens:
+        stars += token.kind in _STARS
+        if stars == 2:
+            break
+        room = SCREEN_CHARS - size
+        if token.kind == LITERAL and len(token.text) > room:
+            out.append(re.escape(token.text[:room]))  # its start: nothing may follow it
+            break
+        out.append(token.regex)
+        size += len(token.regex)
+        if size >= SCREEN_CHARS:
+            break
+    return "".join(out) + ".*"
 
 
 class _Regex:

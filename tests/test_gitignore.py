@@ -135,9 +135,9 @@ def test_patterns_with_many_stars_are_matched_in_linear_time_as_regexes_would_ma
     assert quoted.match("\\" * 13 + "b", False) is True
     rng = random.Random(7)
     pieces = ["a", "b", "*", "?", "[ab]", "[!a]", "\\*", ".", "**", "/", "[a-b]", "\\?", "[]a]",
-              "\\\\", "\\/", "[/a]"]
+              "\\\\", "\\/", "[/a]", "q" * 300]
     names = ["a", "b", "ab", "ba", "aab", "x.a", "*", "?", "]", "a/b", "a/a/b", "b/a", "aa/bb/ab",
-             "\\", "a\\b"]
+             "\\", "a\\b", "q" * 300, "q" * 300 + "b", "aq" + "q" * 300, "q" * 600]
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))).strip("/") or "a"
         anchored = "/" in text
@@ -189,3 +189,10 @@ def test_a_long_generated_ignore_file_loads_in_linear_time() -> None:
     compiled = [p for p in spec.patterns if isinstance(p.test, gitignore._Regex)
                 and p.test._match is not None]
     assert len(compiled) <= gitignore.CHUNK  # one chunk searched one by one, at most
+    # a 100,000-character pattern: its screen is its start, and the answers stay exact
+    long = GitIgnore.from_lines(["ab" * 50000 + "*", "x" * 300 + "?" + "y" * 300 + "*z*"])
+    assert all(len(p.screen) < 2 * gitignore.SCREEN_CHARS for p in long.patterns)
+    assert long.match("ab" * 50000 + ".py", False) is True
+    assert long.match("ab" * 49999 + "a.py", False) is None
+    assert long.match("x" * 300 + "-" + "y" * 300 + "_z_", False) is True
+    assert long.match("x" * 300 + "-" + "y" * 299 + "_z_", False) is None
