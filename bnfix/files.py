@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from bnfix.findings import shown_path
 from bnfix.gitignore import GitIgnore
 from bnfix.source.reader import Skipped, SourceError, read_source
 
@@ -71,15 +72,17 @@ class _Exclude:
 class _Ignores:
     """Exclude patterns plus the .gitignore files that apply below a folder (deepest last)."""
 
-    def __init__(self, exclude: _Exclude, git: list[tuple[Path, GitIgnore]]) -> None:
+    def __init__(self, exclude: _Exclude, git: list[tuple[Path, GitIgnore]],
+                 notes: list[str]) -> None:
         self.exclude = exclude
         self.git = git
+        self.notes = notes  # the walk's (shared): ignore files that are not applied, and why
 
     def child(self, folder: Path, respect_gitignore: bool) -> _Ignores:
-        spec = _read_gitignore(folder / ".gitignore") if respect_gitignore else None
+        spec = _read_gitignore(folder / ".gitignore", self.notes) if respect_gitignore else None
         if spec is None:
             return self
-        return _Ignores(self.exclude, [*self.git, (folder, spec)])
+        return _Ignores(self.exclude, [*self.git, (folder, spec)], self.notes)
 
     def ignored(self, path: Path, is_dir: bool) -> bool:
         if self.exclude(path):
@@ -95,10 +98,15 @@ class _Ignores:
         return False
 
 
-def _read_gitignore(path: Path) -> GitIgnore | None:
+def _read_gitignore(path: Path, notes: list[str]) -> GitIgnore | None:
     try:  # only a regular file: a FIFO never blocks the walk, a link to /dev/zero is refused
         lines = read_source(path, MAX_GITIGNORE_BYTES).decode("utf-8", "replace").splitlines()
-    except (SourceError, Skipped):
+    except Skipped:  # git would apply it: say that bnfix does not
+        notes.append(f"{shown_path(str(path))}: not applied: larger than the {MAX_GITIGNORE_BYTES >> 20} MB bnfix "
+                     "reads of an ignore file (the files it ignores are checked; exclude them "
+                     "with `extend-exclude`)")
+        return None
+    except SourceError:  # none (most folders), or not a regular file
         return None
     if not lines:
         return None
@@ -120,9 +128,9 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     if root is None:
         return base
     ignores = base
-    info = _read_gitignore(root / ".git" / "info" / "exclude")
+    info = _read_gitignore(root / ".git" / "info" / "exclude", base.notes)
     if info is not None:
-        ignores = _Ignores(ignores.exclude, [*ignores.git, (root, info)])
+        ignores = _Ignores(ignores.exclude, [*ignores.git, (root, info)], base.notes)
     chain = [p for p in (folder, *folder.parents) if p == root or root in p.parents]
     for parent in reversed(chain[1:]):
         ignores = ignores.child(parent, respect)
@@ -130,7 +138,7 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     # it (as ruff does): such a .gitignore would otherwise match everything below.
     kept = [(base_dir, spec) for base_dir, spec in ignores.git
             if folder == base_dir or not spec.covers(folder.relative_to(base_dir).as_posix())]
-    return _Ignores(ignores.exclude, kept)
+    return _Ignores(ignores.exclude, kept, base.notes)
 
 
 def discover(
@@ -142,11 +150,13 @@ def discover(
     respect_gitignore: bool = True,
     force_exclude: bool = False,
     walked: list[Path] | None = None,
+    notes: list[str] | None = None,
 ) -> Iterator[Candidate]:
     """Python files under `paths`, in a stable order, each once. `walked`, when given, is
-    appended with each folder walked (absolute): a later walk of it would find nothing new."""
+    appended with each folder walked (absolute): a later walk of it would find nothing new;
+    `notes` with a line for each ignore file that is not applied (too large)."""
     patterns = list(DEFAULT_EXCLUDE if exclude is None else exclude) + list(extend_exclude)
-    base = _Ignores(_Exclude(patterns, root.resolve()), [])
+    base = _Ignores(_Exclude(patterns, root.resolve()), [], [] if notes is None else notes)
     seen: set[Path] = set()
     for given in paths:
         absolute = Path(os.path.abspath(given))

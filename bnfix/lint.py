@@ -184,7 +184,9 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     outside = _Outside(root)
     reported = []
     walked: list[Path] = []
-    for candidate in walk(paths, force_exclude=options.force_exclude, walked=walked):
+    notes: list[str] = []  # ignore files not applied
+    for candidate in walk(paths, force_exclude=options.force_exclude, walked=walked,
+                          notes=notes):
         if outside(candidate):
             outcome.errors.append(f"{candidate.path}: skipped: a symbolic link to a file outside "
                                   f"{root} (name it on the command line to check it)")
@@ -200,8 +202,9 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     # the project's files: those of the walk of its root, unless that walk was the one above
     # (`bnfix check .`: the walk is a tenth of a warm run on a tree of 15,000 entries)
     covered = Path(os.path.abspath(root)) in walked
-    scope = [str(c.path) for c in walk([root]) if not outside(c)] \
+    scope = [str(c.path) for c in walk([root], notes=notes) if not outside(c)] \
         if options.project and not covered else []
+    outcome.errors.extend(dict.fromkeys(notes))  # a file met by both walks: one line
     show = options.progress if options.progress is not None else stderr.isatty()
     progress = _Progress(stderr, show)
     fixing = options.fix or options.diff

@@ -183,6 +183,30 @@ def test_long_fluent_chains_are_linear(tmp_path):
 # -- 2. special files -----------------------------------------------------------------------
 
 
+def test_a_gitignore_too_large_to_read_is_named_and_not_applied(tmp_path):
+    """A .gitignore over the 4 MB bnfix reads of one is not applied, and the run says so once
+    (both walks meet it); one just under the limit, of 100,000 generated lines, is applied."""
+    from bnfix.files import MAX_GITIGNORE_BYTES
+
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / ".git").mkdir()
+    (root / "a.py").write_text(TORCH_BUG)
+    (root / "b.py").write_text(TORCH_BUG)
+    generated = "".join(f"build/out_{i}/f_{i}.o\n" for i in range(100000))
+    (root / ".gitignore").write_text("b.py\n" + generated)
+    assert (root / ".gitignore").stat().st_size < MAX_GITIGNORE_BYTES
+    applied = bnfix_process("check", "--output-format", "concise", ".", cwd=root, timeout=60)
+    assert applied.stderr == "" and applied.stdout.startswith("a.py:2:24: BN008")
+    assert "b.py" not in applied.stdout
+    (root / ".gitignore").write_text("b.py\n" + "#" * MAX_GITIGNORE_BYTES + "\n")
+    skipped = bnfix_process("check", "--output-format", "concise", ".", cwd=root, timeout=60)
+    assert "b.py:2:24: BN008" in skipped.stdout and no_traceback(skipped.stderr)
+    assert skipped.stderr == ("bnfix: .gitignore: not applied: larger than the 4 MB "
+                              "bnfix reads of an ignore file (the files it ignores are checked; "
+                              "exclude them with `extend-exclude`)\n")
+
+
 def test_fifos_and_devices_never_block_or_eat_memory(tmp_path):
     root = tmp_path / "tree"
     root.mkdir()
