@@ -102,9 +102,9 @@ def _read_gitignore(path: Path, notes: list[str]) -> GitIgnore | None:
     try:  # only a regular file: a FIFO never blocks the walk, a link to /dev/zero is refused
         lines = read_source(path, MAX_GITIGNORE_BYTES).decode("utf-8", "replace").splitlines()
     except Skipped:  # git would apply it: say that bnfix does not
-        notes.append(f"{shown_path(str(path))}: not applied: larger than the {MAX_GITIGNORE_BYTES >> 20} MB bnfix "
-                     "reads of an ignore file (the files it ignores are checked; exclude them "
-                     "with `extend-exclude`)")
+        notes.append(f"{shown_path(str(path))}: not applied: larger than the "
+                     f"{MAX_GITIGNORE_BYTES >> 20} MB bnfix reads of an ignore file (the files it "
+                     "ignores are checked; exclude them with `extend-exclude`)")
         return None
     except SourceError:  # none (most folders), or not a regular file
         return None
