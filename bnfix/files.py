@@ -8,11 +8,13 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfix.findings import shown_path
-from bnfix.gitignore import GitIgnore
 from bnfix.source.reader import Skipped, SourceError, read_source
+
+if TYPE_CHECKING:  # imported where a folder has one (a tree without any never imports it)
+    from bnfix.gitignore import GitIgnore
 
 DEFAULT_EXCLUDE = (
     ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".mypy_cache", ".nox",
@@ -110,6 +112,8 @@ def _read_gitignore(path: Path, notes: list[str]) -> GitIgnore | None:
         return None
     if not lines:
         return None
+    from bnfix.gitignore import GitIgnore
+
     return GitIgnore.from_lines(lines)
 
 
