@@ -183,29 +183,34 @@ def discover(
 
 def _walk(shown: Path, folder: Path, ignores: _Ignores, respect: bool,
           seen: set[Path]) -> Iterator[Candidate]:
-    ignores = ignores.child(folder, respect)
-    try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError:
-        return
-    subdirs = []
-    for entry in entries:
+    """A folder's files (by name), then its folders' in turn, depth first: with a stack of
+    the folders still to walk, not recursion (a tree nested 1,500 folders deep, a path of
+    3,000 characters, exceeded Python's recursion limit)."""
+    todo = [(shown, folder, ignores)]
+    while todo:
+        shown, folder, ignores = todo.pop()
+        ignores = ignores.child(folder, respect)
         try:
-            is_dir = entry.is_dir(follow_symlinks=False)
-            is_link = not is_dir and entry.is_symlink()
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError:
             continue
-        if not is_dir and not entry.name.endswith(PYTHON_SUFFIXES):
-            continue  # most entries of a real tree (data, docs, binaries): no path object made
-        path = folder / entry.name
-        if is_dir:
-            if not ignores.ignored(path, True):
-                subdirs.append(entry.name)
-            continue
-        if ignores.ignored(path, False):
-            continue
-        if path not in seen:
-            seen.add(path)
-            yield Candidate(shown / entry.name, explicit=False, link=is_link)
-    for name in subdirs:
-        yield from _walk(shown / name, folder / name, ignores, respect, seen)
+        subdirs = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+                is_link = not is_dir and entry.is_symlink()
+            except OSError:
+                continue
+            if not is_dir and not entry.name.endswith(PYTHON_SUFFIXES):
+                continue  # most entries of a real tree (data, docs, binaries): no path object
+            path = folder / entry.name
+            if is_dir:
+                if not ignores.ignored(path, True):
+                    subdirs.append(entry.name)
+                continue
+            if ignores.ignored(path, False):
+                continue
+            if path not in seen:
+                seen.add(path)
+                yield Candidate(shown / entry.name, explicit=False, link=is_link)
+        todo.extend((shown / name, folder / name, ignores) for name in reversed(subdirs))
