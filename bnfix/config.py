@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -245,12 +246,12 @@ def _table(data: dict[str, Any], path: Path) -> dict[str, Any]:
 def find_config(start: Path) -> Path | None:
     """The nearest configuration file from `start` upwards (CONFIG_FILES, in that order)."""
     here = start.resolve()
-    if here.is_file():
+    if os.path.isfile(here):  # os.path: False, not an error, for a path over the length limit
         here = here.parent
     for folder in (here, *here.parents):
         for name in CONFIG_FILES:
             candidate = folder / name
-            if not candidate.is_file():
+            if not os.path.isfile(candidate):
                 continue
             if name != "pyproject.toml" or _bnfix_table(_read_toml(candidate),
                                                         candidate) is not None:

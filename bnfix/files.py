@@ -119,7 +119,7 @@ def _read_gitignore(path: Path, notes: list[str]) -> GitIgnore | None:
 
 def _git_root(start: Path) -> Path | None:
     for folder in (start, *start.parents):
-        if (folder / ".git").exists():
+        if os.path.exists(folder / ".git"):  # os.path: False for a path over the length limit
             return folder
     return None
 
@@ -164,7 +164,7 @@ def discover(
     seen: set[Path] = set()
     for given in paths:
         absolute = Path(os.path.abspath(given))
-        if not absolute.is_dir():
+        if not os.path.isdir(absolute):
             ignores = _ancestor_ignores(absolute.parent, base, respect_gitignore)
             ignores = ignores.child(absolute.parent, respect_gitignore)
             if force_exclude and (ignores.ignored(absolute, False) or base.exclude.covers(absolute)):

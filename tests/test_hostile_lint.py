@@ -183,6 +183,51 @@ def test_long_fluent_chains_are_linear(tmp_path):
 # -- 2. special files -----------------------------------------------------------------------
 
 
+def test_a_tree_nested_deeper_than_the_recursion_limit_is_walked(tmp_path):
+    """1,500 nested folders (a 3,000-character path, under PATH_MAX): the walk keeps a stack,
+    not Python's recursion (it exceeded the limit), and the file at the bottom is checked.
+    Then a file whose folder's path is at the system's limit: nothing named beside it fits
+    (the configuration files, the pin files looked for there), and that is no error."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "a.py").write_text(TORCH_BUG)
+    limit = os.pathconf("/", "PC_PATH_MAX") - 1  # a path's characters, its NUL aside
+    deep, edge = _nest(str(root), levels=1500), _nest(str(tmp_path / "edge"), length=limit)
+    try:
+        Path(deep, "m.py").write_text(TORCH_BUG)
+        Path(edge, "m.py").write_text(TORCH_BUG)
+        found = bnfix_process("check", "--output-format", "concise", ".", cwd=root, timeout=120)
+        assert found.returncode == 1 and no_traceback(found.stderr), found.stderr[-2000:]
+        lines = found.stdout.splitlines()
+        assert lines[0].startswith("a.py:2:24: BN008")
+        assert lines[1].startswith("d/" * 1500 + "m.py:2:24: BN008")
+        assert lines[2] == "Found 2 errors."
+        for named in (edge, edge + "/m.py"):
+            near = bnfix_process("check", "--output-format", "concise", named, cwd=tmp_path,
+                                 timeout=120)
+            assert near.returncode == 1 and near.stderr == "", near.stderr[-2000:]
+            assert ":2:24: BN008" in near.stdout
+    finally:  # deepest first: pytest's own clean-up of tmp_path recurses
+        for top, bottom in ((str(root), deep), (str(tmp_path / "edge"), edge)):
+            for name in os.listdir(bottom):
+                os.unlink(os.path.join(bottom, name))
+            while len(bottom) > len(top):
+                os.rmdir(bottom)
+                bottom = os.path.dirname(bottom)
+
+
+def _nest(top: str, levels: int = 0, length: int = 0) -> str:
+    """Folders `d` inside `top`, one in the other: `levels` of them, or as many as leave room
+    for `/m.py` under a path of `length` characters. One at a time: os.makedirs and
+    Path.mkdir recurse themselves."""
+    os.makedirs(top, exist_ok=True)
+    folder = top
+    while folder.count("/d") < levels if levels else len(folder) + 2 + len("/m.py") <= length:
+        folder += "/d"
+        os.mkdir(folder)
+    return folder
+
+
 def test_a_gitignore_too_large_to_read_is_named_and_not_applied(tmp_path):
     """A .gitignore over the 4 MB bnfix reads of one is not applied, and the run says so once
     (both walks meet it); one just under the limit, of 100,000 generated lines, is applied."""

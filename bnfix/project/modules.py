@@ -217,8 +217,9 @@ def project_root(paths: list[Path], configured: Path | None) -> Path:
     if configured is not None:
         return configured
     absolute = [Path(os.path.abspath(p)) for p in paths] or [Path.cwd()]
-    common = Path(os.path.commonpath([str(p if p.is_dir() else p.parent) for p in absolute]))
+    common = Path(os.path.commonpath([str(p if os.path.isdir(p) else p.parent)
+                                      for p in absolute]))
     for folder in (common, *common.parents):
-        if (folder / ".git").exists():
+        if os.path.exists(folder / ".git"):  # os.path: False for a path over the length limit
             return folder
     return common

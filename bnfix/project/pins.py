@@ -56,6 +56,15 @@ def small_text(path: Path, limit: int) -> str | None:
         return None
 
 
+def _matching(folder: Path, pattern: str) -> list[Path]:
+    """The folder's files that `pattern` matches, sorted; none when the folder cannot be
+    listed (a folder whose path is at the system's length limit: nothing fits beside it)."""
+    try:
+        return sorted(folder.glob(pattern))
+    except OSError:
+        return []
+
+
 def tensorflow_pin(root: Path, unversioned: bool = False) -> tuple[int, ...] | None:
     """The version the pins name: an exact or compatible-release pin, else (1, 15) for an
     upper bound below 2 (TF1 code); a lower bound alone pins nothing (any newer release may
@@ -64,7 +73,7 @@ def tensorflow_pin(root: Path, unversioned: bool = False) -> tuple[int, ...] | N
     found: list[tuple[str, tuple[int, ...]]] = []
     named = False
     for pattern in FILES:
-        for path in sorted(root.glob(pattern)):
+        for path in _matching(root, pattern):
             text = small_text(path, MAX_BYTES)
             if text is None:
                 continue
