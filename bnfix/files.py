@@ -117,7 +117,8 @@ def _read_gitignore(path: Path, notes: list[str]) -> GitIgnore | None:
     return GitIgnore.from_lines(lines)
 
 
-def _git_root(start: Path) -> Path | None:
+def git_root(start: Path) -> Path | None:
+    """The nearest folder from `start` upwards that holds `.git` (a work tree's root)."""
     for folder in (start, *start.parents):
         if os.path.exists(folder / ".git"):  # os.path: False for a path over the length limit
             return folder
@@ -128,7 +129,7 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     """The .gitignore files between the repository root and `folder` (exclusive)."""
     if not respect:
         return base
-    root = _git_root(folder)
+    root = git_root(folder)
     if root is None:
         return base
     ignores = base

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from bnfix.files import git_root
+
 if TYPE_CHECKING:
     from bnfix.source.imports import ModuleContext
 
@@ -219,7 +221,4 @@ def project_root(paths: list[Path], configured: Path | None) -> Path:
     absolute = [Path(os.path.abspath(p)) for p in paths] or [Path.cwd()]
     common = Path(os.path.commonpath([str(p if os.path.isdir(p) else p.parent)
                                       for p in absolute]))
-    for folder in (common, *common.parents):
-        if os.path.exists(folder / ".git"):  # os.path: False for a path over the length limit
-            return folder
-    return common
+    return git_root(common) or common
