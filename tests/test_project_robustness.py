@@ -462,6 +462,22 @@ def test_the_note_on_modules_of_one_name_counts_the_files(tmp_path: Path):
     assert "three files are module `net`" in run.stderr, run.stderr
 
 
+def test_many_module_names_of_several_files_make_one_note(tmp_path: Path):
+    """TensorFlow-Examples holds its examples twice (`examples/3_NeuralNetworks/gan.py` and
+    `tensorflow_v1/examples/3_NeuralNetworks/gan.py`): 32 names, one line, not 32."""
+    stems = [f"example_{i}" for i in range(6)]
+    files = {f"{copy}/1_Intro/{stem}.py": "x = 1\n" for copy in ("v2", "v1") for stem in stems}
+    write_tree(tmp_path, files)
+    run = run_bnfix("check", "--no-cache", ".", cwd=tmp_path)
+    notes = [line for line in run.stderr.splitlines() if "claimed by several files" in line]
+    assert len(notes) == 1 and "are module" not in run.stderr, run.stderr
+    assert notes[0].startswith("bnfix: 6 module names are each claimed by several files "
+                               "(`example_0`: v1/1_Intro/example_0.py, v2/1_Intro/example_0.py;")
+    assert "`example_2`" in notes[0] and "`example_3`" not in notes[0]
+    assert "and 3 more): imports of them are resolved from each importer's own folder first" \
+        in notes[0]
+
+
 def test_sibling_folders_that_are_no_package_names_keep_each_file_its_own_summary(tmp_path: Path):
     """TensorFlow-2.x-Tutorials: `06-CIFAR-VGG/main.py` and `07-Inception/main.py` are both
     module `main` to a script run from its folder; each is still analysed against its own

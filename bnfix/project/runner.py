@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the analysis (the index, lifting, the view) is imported onl
     from bnfix.project.view import FileContext
 
 EXPANSION_ROUNDS = 8  # rounds of summarising files that name first-party BN builders
+CONFLICTS_SHOWN = 3  # module names claimed by several files named one by one in notes
 PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
 
 
@@ -212,9 +213,7 @@ class ProjectRunner:
             if self._index is not None:
                 self.notes.extend(f"project analysis gave up: {why}"
                                   for why in dict.fromkeys(self._index.gave_up))
-            self.notes.extend(f"{_count(len(paths))} files are module `{name}` ({', '.join(paths)}): "
-                              "imports of it are resolved from each importer's own folder first"
-                              for name, paths in modules.conflicts())
+            self.notes.extend(_conflict_notes(modules.conflicts()))
             finished = True
         finally:
             if collecting:
@@ -823,6 +822,20 @@ def _size(path: str) -> int:
 
 def _worker(path: str, size: int) -> int:
     return int(hashlib.md5(path.encode(), usedforsecurity=False).hexdigest()[:8], 16) % size
+
+
+def _conflict_notes(conflicts: list[tuple[str, list[str]]]) -> list[str]:
+    """A line per module name that several files claim; past CONFLICTS_SHOWN names, one line
+    for all (a repository holding two copies of its examples claims dozens: 32 lines before
+    the findings in TensorFlow-Examples)."""
+    rule = "resolved from each importer's own folder first"
+    if len(conflicts) <= CONFLICTS_SHOWN:
+        return [f"{_count(len(paths))} files are module `{name}` ({', '.join(paths)}): "
+                f"imports of it are {rule}" for name, paths in conflicts]
+    shown = "; ".join(f"`{name}`: {', '.join(paths)}"
+                      for name, paths in conflicts[:CONFLICTS_SHOWN])
+    return [f"{len(conflicts)} module names are each claimed by several files ({shown}; and "
+            f"{len(conflicts) - CONFLICTS_SHOWN} more): imports of them are {rule}"]
 
 
 def _count(n: int) -> str:
