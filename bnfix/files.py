@@ -71,20 +71,37 @@ class _Exclude:
         return self(path)
 
 
+class IgnoreFiles:
+    """The ignore files of one run, each read and parsed once however many walks meet it (a
+    check of a subfolder walks it and then the project root around it), and a line for each
+    one that is not applied."""
+
+    __slots__ = ("_parsed", "notes")
+
+    def __init__(self) -> None:
+        self._parsed: dict[Path, GitIgnore | None] = {}
+        self.notes: list[str] = []
+
+    def read(self, path: Path) -> GitIgnore | None:
+        if path not in self._parsed:
+            self._parsed[path] = _read_gitignore(path, self.notes)
+        return self._parsed[path]
+
+
 class _Ignores:
     """Exclude patterns plus the .gitignore files that apply below a folder (deepest last)."""
 
     def __init__(self, exclude: _Exclude, git: list[tuple[Path, GitIgnore]],
-                 notes: list[str]) -> None:
+                 files: IgnoreFiles) -> None:
         self.exclude = exclude
         self.git = git
-        self.notes = notes  # the walk's (shared): ignore files that are not applied, and why
+        self.files = files  # the run's (shared by its walks)
 
     def child(self, folder: Path, respect_gitignore: bool) -> _Ignores:
-        spec = _read_gitignore(folder / ".gitignore", self.notes) if respect_gitignore else None
+        spec = self.files.read(folder / ".gitignore") if respect_gitignore else None
         if spec is None:
             return self
-        return _Ignores(self.exclude, [*self.git, (folder, spec)], self.notes)
+        return _Ignores(self.exclude, [*self.git, (folder, spec)], self.files)
 
     def ignored(self, path: Path, is_dir: bool) -> bool:
         if self.exclude(path):
@@ -133,9 +150,9 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     if root is None:
         return base
     ignores = base
-    info = _read_gitignore(root / ".git" / "info" / "exclude", base.notes)
+    info = base.files.read(root / ".git" / "info" / "exclude")
     if info is not None:
-        ignores = _Ignores(ignores.exclude, [*ignores.git, (root, info)], base.notes)
+        ignores = _Ignores(ignores.exclude, [*ignores.git, (root, info)], base.files)
     chain = [p for p in (folder, *folder.parents) if p == root or root in p.parents]
     for parent in reversed(chain[1:]):
         ignores = ignores.child(parent, respect)
@@ -143,7 +160,7 @@ def _ancestor_ignores(folder: Path, base: _Ignores, respect: bool) -> _Ignores:
     # it (as ruff does): such a .gitignore would otherwise match everything below.
     kept = [(base_dir, spec) for base_dir, spec in ignores.git
             if folder == base_dir or not spec.covers(folder.relative_to(base_dir).as_posix())]
-    return _Ignores(ignores.exclude, kept, base.notes)
+    return _Ignores(ignores.exclude, kept, base.files)
 
 
 def discover(
@@ -155,13 +172,15 @@ def discover(
     respect_gitignore: bool = True,
     force_exclude: bool = False,
     walked: list[Path] | None = None,
-    notes: list[str] | None = None,
+    ignore_files: IgnoreFiles | None = None,
 ) -> Iterator[Candidate]:
     """Python files under `paths`, in a stable order, each once. `walked`, when given, is
     appended with each folder walked (absolute): a later walk of it would find nothing new;
-    `notes` with a line for each ignore file that is not applied (too large)."""
+    `ignore_files`: the run's, shared with its other walks (its notes name the ignore files
+    that are not applied)."""
     patterns = list(DEFAULT_EXCLUDE if exclude is None else exclude) + list(extend_exclude)
-    base = _Ignores(_Exclude(patterns, root.resolve()), [], [] if notes is None else notes)
+    base = _Ignores(_Exclude(patterns, root.resolve()), [],
+                    IgnoreFiles() if ignore_files is None else ignore_files)
     seen: set[Path] = set()
     for given in paths:
         absolute = Path(os.path.abspath(given))

@@ -17,7 +17,7 @@ from bnfix.atomic import replace_text
 from bnfix.cache import Cache, cache_folder, cache_key
 from bnfix.config import ConfigError, Settings, check_selectors, load_settings
 from bnfix.engine import Engine
-from bnfix.files import Candidate, discover
+from bnfix.files import Candidate, IgnoreFiles, discover
 from bnfix.findings import Diagnostic, FileResult, Pos, Span
 from bnfix.fixes import NotWritten, Writer
 from bnfix.project.modules import project_root
@@ -184,9 +184,9 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     outside = _Outside(root)
     reported = []
     walked: list[Path] = []
-    notes: list[str] = []  # ignore files not applied
+    ignore_files = IgnoreFiles()  # read once for both walks
     for candidate in walk(paths, force_exclude=options.force_exclude, walked=walked,
-                          notes=notes):
+                          ignore_files=ignore_files):
         if outside(candidate):
             outcome.errors.append(f"{candidate.path}: skipped: a symbolic link to a file outside "
                                   f"{root} (name it on the command line to check it)")
@@ -202,9 +202,9 @@ def lint_paths(options: LintOptions, engine: Engine, settings: Settings,
     # the project's files: those of the walk of its root, unless that walk was the one above
     # (`bnfix check .`: the walk is a tenth of a warm run on a tree of 15,000 entries)
     covered = Path(os.path.abspath(root)) in walked
-    scope = [str(c.path) for c in walk([root], notes=notes) if not outside(c)] \
+    scope = [str(c.path) for c in walk([root], ignore_files=ignore_files) if not outside(c)] \
         if options.project and not covered else []
-    outcome.errors.extend(dict.fromkeys(notes))  # a file met by both walks: one line
+    outcome.errors.extend(ignore_files.notes)
     show = options.progress if options.progress is not None else stderr.isatty()
     progress = _Progress(stderr, show)
     fixing = options.fix or options.diff

@@ -350,7 +350,7 @@ def test_name_search_parts_read_back_only_when_well_formed() -> None:
 def test_the_project_root_is_walked_once(tmp_path: Path, monkeypatch):
     """`bnfix check .`: the walk that finds the files to report is the project's walk (a tenth
     of a warm run on a tree of 15,000 entries was the second one). Checking a subfolder still
-    walks the root for the project around it."""
+    walks the root for the project around it, and reads each ignore file once for both walks."""
     import os
 
     import bnfix.files
@@ -363,21 +363,35 @@ def test_the_project_root_is_walked_once(tmp_path: Path, monkeypatch):
         "scripts/train.py": "from nets.layers import conv_bn\n\n"
                             "net = conv_bn(images, True, trainable=False)\n",
         "data/readme.txt": "not Python\n",
+        ".gitignore": "data/\n",
+        "scripts/.gitignore": "old_*.py\n",
+        "scripts/old_train.py": "from nets.layers import conv_bn\n\n"
+                                "net = conv_bn(images, True, trainable=False)\n",
     })
     walks: list[str] = []  # the folders walks start from (a walk goes down by itself)
     original = bnfix.files._walk
+    reads: list[str] = []  # the ignore files read (each existing one parsed when read)
+    read = bnfix.files._read_gitignore
 
     def counted(shown, folder, *args):
         walks.append(os.path.relpath(folder, tmp_path))
         return original(shown, folder, *args)
 
+    def read_counted(path, notes):
+        reads.append(os.path.relpath(path, tmp_path))
+        return read(path, notes)
+
     monkeypatch.setattr(bnfix.files, "_walk", counted)
+    monkeypatch.setattr(bnfix.files, "_read_gitignore", read_counted)
     assert rows(tmp_path, ["BN001"]) == {("scripts/train.py", "BN001", 3)}
     assert walks == ["."]
     walks.clear()
+    reads.clear()
     report = check_paths([tmp_path / "scripts"], select=["BN001"])  # the wrapper is outside
     assert [(Path(d.path).name, d.span.start.row) for d in report.remaining] == [("train.py", 3)]
     assert walks == ["scripts", "."]  # the folder asked about, then the project's
+    assert sorted(reads) == sorted(set(reads))  # each once, though both walks met them
+    assert {".gitignore", "scripts/.gitignore"} <= set(reads)
 
 
 def test_module_ids_are_dotted_paths_from_the_project_root(tmp_path: Path):
