@@ -490,6 +490,11 @@ def test_many_module_names_of_several_files_make_one_note(tmp_path: Path):
     assert "`example_2`" in notes[0] and "`example_3`" not in notes[0]
     assert "and 3 more): imports of them are resolved from each importer's own folder first" \
         in notes[0]
+    # a name that many files claim: three of them named, the others counted
+    write_tree(tmp_path, {f"copy-{i}/1_Intro/example_0.py": "x = 1\n" for i in range(5)})
+    run = run_bnfix("check", "--no-cache", ".", cwd=tmp_path)
+    assert "`example_0`: copy-0/1_Intro/example_0.py, copy-1/1_Intro/example_0.py, " \
+           "copy-2/1_Intro/example_0.py and 4 more; `example_1`" in run.stderr, run.stderr
 
 
 def test_sibling_folders_that_are_no_package_names_keep_each_file_its_own_summary(tmp_path: Path):

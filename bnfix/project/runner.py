@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the analysis (the index, lifting, the view) is imported onl
     from bnfix.project.view import FileContext
 
 EXPANSION_ROUNDS = 8  # rounds of summarising files that name first-party BN builders
-CONFLICTS_SHOWN = 3  # module names claimed by several files named one by one in notes
+CONFLICTS_SHOWN = 3  # module names claimed by several files (and their files) named in notes
 PARALLEL_THRESHOLD = 32  # files to lift below which one process is faster than starting workers
 
 
@@ -827,15 +827,20 @@ def _worker(path: str, size: int) -> int:
 def _conflict_notes(conflicts: list[tuple[str, list[str]]]) -> list[str]:
     """A line per module name that several files claim; past CONFLICTS_SHOWN names, one line
     for all (a repository holding two copies of its examples claims dozens: 32 lines before
-    the findings in TensorFlow-Examples)."""
+    the findings in TensorFlow-Examples). A name's files are named up to CONFLICTS_SHOWN."""
     rule = "resolved from each importer's own folder first"
     if len(conflicts) <= CONFLICTS_SHOWN:
-        return [f"{_count(len(paths))} files are module `{name}` ({', '.join(paths)}): "
+        return [f"{_count(len(paths))} files are module `{name}` ({_some(paths)}): "
                 f"imports of it are {rule}" for name, paths in conflicts]
-    shown = "; ".join(f"`{name}`: {', '.join(paths)}"
-                      for name, paths in conflicts[:CONFLICTS_SHOWN])
+    shown = "; ".join(f"`{name}`: {_some(paths)}" for name, paths in conflicts[:CONFLICTS_SHOWN])
     return [f"{len(conflicts)} module names are each claimed by several files ({shown}; and "
             f"{len(conflicts) - CONFLICTS_SHOWN} more): imports of them are {rule}"]
+
+
+def _some(paths: list[str]) -> str:
+    if len(paths) <= CONFLICTS_SHOWN:
+        return ", ".join(paths)
+    return f"{', '.join(paths[:CONFLICTS_SHOWN])} and {len(paths) - CONFLICTS_SHOWN} more"
 
 
 def _count(n: int) -> str:
