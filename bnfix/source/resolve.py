@@ -342,11 +342,12 @@ class Resolver:
                     if loop.device is not None:
                         loop.reuse = True
 
-    @staticmethod
-    def _passes_false(raw: RawCall, function: FunctionInfo, bound: bool,
+    def _passes_false(self, raw: RawCall, function: FunctionInfo, bound: bool,
                       param: str | None) -> bool:
-        """The call gives `function`'s parameter `param` a literal False or None (`bound`:
-        `self` is the first parameter, not passed)."""
+        """The call gives `function`'s parameter `param` False or None: a literal, or a local
+        name that every assignment of the calling function sets to one (terngrad's tower loop
+        passes `reuse_variables`, set to None before the loop and again after each tower)
+        (`bound`: `self` is the first parameter, not passed)."""
         if param is None:
             return False
         spec = function.params[param]
@@ -354,7 +355,12 @@ class Resolver:
         index = spec.index - 1 if bound else spec.index
         if value is None and spec.positional and 0 <= index < len(raw.call.args):
             value = raw.call.args[index]
-        return isinstance(value, ast.Constant) and value.value in (False, None)
+        if isinstance(value, ast.Name):
+            caller = raw.ctx.function
+            defs = self.w.defs.get((fkey(caller), value.id), [])
+            return caller is not None and value.id not in caller.params and bool(defs) and all(
+                kind == "assign" and _false_literal(assigned) for kind, assigned, _ in defs)
+        return value is not None and _false_literal(value)
 
     def _resolve_call_sites(self) -> None:
         """Call sites of the functions that hold BN sites or collect UPDATE_OPS, and of their
@@ -1465,6 +1471,10 @@ def _backends(text: str) -> frozenset[str]:
         return frozenset()
     return frozenset(BACKEND.findall(text))
 _TOWER_COUNT = re.compile(r"tower|gpu|clone|replica|device|worker|split")
+
+
+def _false_literal(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Constant) and expr.value in (False, None)
 
 
 def _number(value: Value) -> bool:
