@@ -551,6 +551,7 @@ class ModelStep:
     move_lines: tuple[str, ...] = ()  # that statement's rows, relative to its indentation
     conditions: tuple[Condition, ...] = ()  # the `if` tests it runs under
     through: Origin | None = None  # done inside a first-party helper (of another file)
+    fresh: bool = False  # a conversion whose new BN layers get new parameters
     # the calls that build the model it takes (a wrap's model: `DDP(Net().cuda())`, `model`
     # assigned or passed by this file's callers); empty when not known
     builders: tuple[Builder, ...] = ()
@@ -776,6 +777,10 @@ class ModuleIR:
     shadowed_methods: list[ShadowedMethod] = field(default_factory=list)
     param_freezes: list[ParamFreeze] = field(default_factory=list)
     model_steps: list[ModelStep] = field(default_factory=list)
+    # functions that replace a model's BN layers by new BN modules and return it (vacancy's
+    # `convert_model`, a copy of torch's converter): qualname -> (the module parameter,
+    # whether the new layers get new parameters rather than the old ones)
+    converters: dict[str, tuple[str, bool]] = field(default_factory=dict)
     device_scopes: list[DeviceScope] = field(default_factory=list)
     bn_models: list[LibraryModel] = field(default_factory=list)
     tape_calls: list[TapeCall] = field(default_factory=list)

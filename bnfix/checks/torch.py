@@ -298,7 +298,11 @@ def sync_bn_after_wrap(module: ModuleIR) -> Iterator[Finding]:
         why = []
         if any(s.kind == "model_wrap" for s in earlier):
             why.append("the wrapper was built over the old modules")
-        if any(s.kind == "optimizer" for s in earlier):
+        if any(s.kind == "optimizer" for s in earlier) and convert.fresh:
+            why.append(f"`{convert.qualname}` gives the new BN layers new weight and bias "
+                       "parameters, so the optimizer keeps updating the old ones: the BN layers' "
+                       "weights and biases never train")
+        elif any(s.kind == "optimizer" for s in earlier):
             why.append("a converter that makes new parameters (apex) leaves the optimizer "
                        "updating stale ones (torch's reuses them today, which hides it)")
         message = (

@@ -298,6 +298,11 @@ class Summarizer:
                         for v in self.w.returns.get(id(function), ())}
             if step.assigned in returned or step.text.strip().startswith("return "):
                 owned.add(f"returns:{kind}")
+        for qualname, (param, fresh) in self.module.converters.items():
+            owned = facts.setdefault(qualname, set())
+            owned.add(f"sync_convert_param:{param}")
+            if fresh:
+                owned.add("fresh_parameters")
         for mode in self.module.mode_calls:  # `def set_eval(m): m.eval()`: an eval helper
             function = mode.function
             if mode.kind == "eval" and function is not None and mode.target in function.params:

@@ -113,6 +113,7 @@ class HelperStep(NamedTuple):
     path: str
     loc: Loc
     helper: str
+    fresh: bool = False  # a conversion that gives the new BN layers new parameters
 
 
 STEP_KINDS = ("model_wrap", "model_wrap_replicas", "optimizer", "sync_convert", "eval")
@@ -267,7 +268,8 @@ def _helper_steps(index: ProjectIndex, module_id: str, call: CallRecord,
             if head.endswith("_param") and text is None:
                 continue
             step = HelperStep(kind.removesuffix("_replicas"), kind.endswith("_replicas"),
-                              text, path, function.loc, function.qualname)
+                              text, path, function.loc, function.qualname,
+                              kind == "sync_convert" and "fresh_parameters" in function.facts)
             twin = next((s for s in out if s.kind == step.kind and s.helper == step.helper), None)
             if twin is None:
                 out.append(step)
@@ -535,7 +537,7 @@ class ProjectView:
                     raw.ctx.function, resolver.text.slice(stmt.span),
                     qualname=step.helper, replicas=step.replicas,
                     conditions=conditions_of(resolver.text, raw),
-                    through=Origin(step.path, span(step.loc)),
+                    through=Origin(step.path, span(step.loc)), fresh=step.fresh,
                     builders=resolver.model_builders(given, raw.ctx.function, raw.stmt)
                     if given is not None else ()))
 

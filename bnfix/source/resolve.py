@@ -61,6 +61,9 @@ _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.
 
 MOMENTS = ("moments", "sufficient_statistics", "weighted_moments")  # tf.nn's batch moments
 MOVES = ("cuda", "to", "cpu")  # torch module methods that return the module itself (moved)
+# torch's BN base classes (as the catalogue normalizes them), which a project's BN class extends
+TORCH_BN_BASES = frozenset({"torch.nn._BatchNorm", "torch.nn._NormBase"})
+MAX_CLASS_DEPTH = 8  # classes between a project's BN class and torch's, tuples, loop lists
 
 
 class Resolver:
@@ -134,8 +137,90 @@ class Resolver:
                          if self._is_ema(raw.call.func.value, raw.ctx, 0)]  # type: ignore[attr-defined]
         module.marks += _update_ops_marks(module)
         module.import_row = self._import_row()
+        module.converters = self._converters()
         TorchContext(self).lift_into(module)
         return module
+
+    # -- BN converters -----------------------------------------------------------------------
+
+    def _converters(self) -> dict[str, tuple[str, bool]]:
+        """Functions that convert a model's BN layers: under `isinstance(<param>, <torch BN
+        class>)` they build a synchronized BN (the catalogue's, or a class of this file
+        derived from torch's BN) from the parameter's `num_features` and return it — torch's
+        converter copied into a project, vacancy's `convert_model` (whose classes come from a
+        `for` over `zip` of class lists). Fresh: the new layer is not given the old one's
+        parameter objects (`new.weight = module.weight`), so an optimizer built over the old
+        ones no longer trains them."""
+        if "num_features" not in self.text.text:
+            return {}
+        classes = {node.name: node for node, ctx in self.w.class_defs if ctx.function is None}
+        out: dict[str, tuple[str, bool]] = {}
+        for function in self.w.functions:
+            node = self.w.function_nodes.get(id(function))
+            source = self.text.slice(function.span) if node is not None else ""
+            if "num_features" in source and "isinstance" in source:
+                found = self._conversion(node, function, classes)  # type: ignore[arg-type]
+                if found is not None:
+                    out[function.qualname] = found
+        return out
+
+    def _conversion(self, node: ast.FunctionDef | ast.AsyncFunctionDef, function: FunctionInfo,
+                    classes: dict[str, ast.ClassDef]) -> tuple[str, bool] | None:
+        loops = _loop_classes(node)
+        returned = {n.value.id for n in ast.walk(node)
+                    if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)}
+        for branch in (n for n in ast.walk(node) if isinstance(n, ast.If)):
+            param = next((t.args[0].id for t in ast.walk(branch.test)
+                          if isinstance(t, ast.Call) and isinstance(t.func, ast.Name)
+                          and t.func.id == "isinstance" and len(t.args) == 2
+                          and isinstance(t.args[0], ast.Name) and t.args[0].id in function.params
+                          and self._bn_class(t.args[1], loops, classes, function, False)), None)
+            if param is None:
+                continue
+            for stmt in (n for s in branch.body for n in ast.walk(s)):
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                        and isinstance(stmt.targets[0], ast.Name)
+                        and stmt.targets[0].id in returned and isinstance(stmt.value, ast.Call)
+                        and any(_attribute_of(a, param, "num_features") for a in
+                                (*stmt.value.args, *(k.value for k in stmt.value.keywords)))
+                        and self._bn_class(stmt.value.func, loops, classes, function, True)):
+                    continue
+                new = stmt.targets[0].id
+                reused = any(isinstance(a, ast.Assign) and any(
+                    _attribute_of(t, new, "weight") for t in a.targets)
+                    and _attribute_of(a.value, param, "weight")
+                    for s in branch.body for a in ast.walk(s))
+                return param, not reused
+        return None
+
+    def _bn_class(self, expr: ast.expr, loops: dict[str, list[ast.expr]],
+                  classes: dict[str, ast.ClassDef], function: FunctionInfo, synced: bool,
+                  depth: int = 0) -> bool:
+        """`expr` names torch BN classes (a tuple of them, a loop variable over lists of
+        them); `synced`: synchronized ones (the catalogue's), or classes of this file derived
+        from torch's BN."""
+        if depth > MAX_CLASS_DEPTH:
+            return False
+        if isinstance(expr, ast.Tuple):
+            return bool(expr.elts) and all(
+                self._bn_class(e, loops, classes, function, synced, depth + 1) for e in expr.elts)
+        if isinstance(expr, ast.Name) and expr.id in loops:
+            return all(self._bn_class(e, {}, classes, function, synced, depth + 1)
+                       for e in loops[expr.id])
+        if isinstance(expr, ast.Name) and expr.id == "cls" and function.class_name in classes:
+            expr = ast.Name(function.class_name)
+        if isinstance(expr, ast.Name) and expr.id in classes and \
+                self.w.imports.qualname(expr) is None:
+            return any(self._bn_class(b, {}, classes, function, False, depth + 1)
+                       for b in classes[expr.id].bases)
+        qualname = self.w.qualname(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+        if qualname is None:
+            return False
+        normal = self.w.cat.normalize(qualname)
+        spec = self.w.cat.apis.get(normal)
+        if spec is not None:
+            return spec.framework == "torch" and (spec.synced or not synced)
+        return not synced and normal in TORCH_BN_BASES
 
     def _tf1_prefix(self) -> str | None:
         compat = self.w.imports.alias_of("tensorflow.compat.v1")
@@ -1471,6 +1556,31 @@ def _backends(text: str) -> frozenset[str]:
         return frozenset()
     return frozenset(BACKEND.findall(text))
 _TOWER_COUNT = re.compile(r"tower|gpu|clone|replica|device|worker|split")
+
+
+def _loop_classes(node: ast.AST) -> dict[str, list[ast.expr]]:
+    """The names `for` loops of `node` bind to the elements of literal lists or tuples
+    (`for bn, sync in zip([nn.BatchNorm1d, ...], [SyncBN1d, ...])`)."""
+    out: dict[str, list[ast.expr]] = {}
+    for loop in (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.AsyncFor))):
+        it, target = loop.iter, loop.target
+        if isinstance(it, (ast.List, ast.Tuple)) and isinstance(target, ast.Name):
+            out[target.id] = list(it.elts)
+        elif isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and \
+                it.func.id == "zip" and isinstance(target, ast.Tuple) and \
+                len(target.elts) == len(it.args) and \
+                all(isinstance(a, (ast.List, ast.Tuple)) for a in it.args):
+            for name, seq in zip(target.elts, it.args):
+                if isinstance(name, ast.Name):
+                    out[name.id] = list(seq.elts)  # type: ignore[attr-defined]
+    return out
+
+
+def _attribute_of(expr: ast.expr, owner: str, attr: str) -> bool:
+    """`expr` is `<owner>.<attr>` (not `.data` of it: `new.weight.data = old.weight.data`
+    shares the storage, not the parameter an optimizer holds)."""
+    return isinstance(expr, ast.Attribute) and expr.attr == attr and \
+        isinstance(expr.value, ast.Name) and expr.value.id == owner
 
 
 def _false_literal(expr: ast.expr) -> bool:
