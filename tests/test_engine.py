@@ -143,6 +143,15 @@ def test_python2_and_syntax_errors_are_bn900():
     (long,) = check_source("import tensorflow as tf\nx = tf.layers.batch_normalization\n"
                            "assert n == 3217920L, 0xFFL\n", "t.py")  # slim's mobilenet_v1_test
     assert long.code == "BN900" and "Python 2 source (a `long` literal" in long.message
+    # kenshohara's video-classification-3d-cnn-pytorch: torch 0.3 code on Python 3.6
+    (old,) = check_source("import torch\nbn = torch.nn.BatchNorm2d(8)\n"
+                          "targets = targets.cuda(async=True)\n", "train.py")
+    assert old.code == "BN900" and old.span.start.row == 3
+    assert old.message.startswith("Python 3.6 source (`async` or `await` as a name")
+    assert "`.cuda(non_blocking=True)`" in old.message
+    (keyword,) = check_source("import torch\nbn = torch.nn.BatchNorm2d(8)\n"
+                              "x = (async == 1 +)\n", "k.py")  # a comparison: no such hint
+    assert keyword.message.startswith("syntax error (parsed as Python")
 
 
 def test_files_without_bn_are_not_parsed():

@@ -25,6 +25,11 @@ _PY2_HINTS = (
     (r"`[^`]+`", "backtick repr"),
 )
 
+# `async` and `await` became keywords in Python 3.7: code of 3.6 and earlier used them as names
+# (torch 0.3's `.cuda(async=True)`, now `non_blocking=True`)
+_ASYNC_NAME = re.compile(r"(?<![\w.])(?:async|await)\s*=(?!=)|\.(?:async|await)\b|"
+                         r"\bdef\s+(?:async|await)\b")
+
 
 class SourceError(Exception):
     """A file bnfix cannot analyse: `code` is BN900 or BN901, `row`/`col` where known."""
@@ -81,6 +86,10 @@ def parse(text: str, path: str) -> ast.Module:
         if hint:
             message = (f"Python 2 source ({hint}): bnfix analyses Python 3; port it "
                        "(e.g. with 2to3 or pyupgrade) or exclude the file")
+        elif _ASYNC_NAME.search(line.split("#", 1)[0]):
+            message = ("Python 3.6 source (`async` or `await` as a name, keywords since Python "
+                       "3.7): bnfix analyses Python 3.7 and later; rename it (torch's "
+                       "`.cuda(async=True)` is `.cuda(non_blocking=True)`) or exclude the file")
         else:
             version = f"{sys.version_info.major}.{sys.version_info.minor}"
             message = (f"syntax error (parsed as Python {version}): {exc.msg}"
