@@ -1301,7 +1301,10 @@ class Resolver:
             adds = True
         if target is not None:
             for group in self.w.group_raw:
-                if group.ctx.function is not function or not self._mentions(group.call, target):
+                # the group holds the train op, or a value computed from it (`train_op =
+                # tf.case([(early, lambda: train_rpn_op)], default=lambda: train_rcnn_op)`)
+                if group.ctx.function is not function or not self._derives_from(
+                        group.call, frozenset({target}), function):
                     continue
                 # the group holds the update ops, or is built under control dependencies on
                 # them (`with tf.control_dependencies(update_ops): tf.group(apply_op, ema_op)`)
