@@ -532,6 +532,9 @@ class ParamFreeze:
     after: Statement  # the statement after which the module can be put in eval mode
     function: FunctionInfo | None
     only_bias: bool = False  # `m.bias.requires_grad = False`: the shift alone is pinned
+    # the flag written (`train_bn`, `self.train_bn`) when the value is a parameter that is
+    # False by default (`def __init__(..., train_bn=False)`) rather than a literal False
+    switch: str | None = None
 
 
 @dataclass

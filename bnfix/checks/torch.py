@@ -542,14 +542,20 @@ def frozen_bn_still_updating(module: ModuleIR) -> Iterator[Finding]:
             continue  # the shift alone pinned (speechbrain's LiGRU `bias=False`): the scale trains
         first = min(frozen, key=lambda f: f.span.start)
         after = max((f.after for f in frozen), key=lambda s: s.last_row)
+        switch = next((f.switch for f in frozen if f.switch is not None), None)
+        how = f"requires_grad=`{switch}`, False by default" if switch else "requires_grad=False"
         message = (
-            f"the parameters of BatchNorm `{owner}` stop training (requires_grad=False), but "
+            f"the parameters of BatchNorm `{owner}` stop training ({how}), but "
             f"`{owner}` stays in train mode: it still normalizes with batch statistics and its "
             "running mean/variance keep moving; put it in eval mode too (and re-apply that after "
             "every `model.train()`, see BN102)"
         )
         fix = Fix(DISPLAY, f"Call `{owner}.eval()` as well")
         if after.wrappable:
-            insert = InsertRows(after.last_row + 1, after.indent, ((0, f"{owner}.eval()"),))
-            fix = Fix(UNSAFE, f"Also put `{owner}` in eval mode", (insert,))
+            # under the flag's test where a flag decides the freeze (`--train_bn` trains them)
+            rows = ((0, f"if not {switch}:"), (1, f"{owner}.eval()")) if switch else \
+                ((0, f"{owner}.eval()"),)
+            insert = InsertRows(after.last_row + 1, after.indent, rows)
+            fix = Fix(UNSAFE, f"Also put `{owner}` in eval mode" +
+                      (f" when `{switch}` is False" if switch else ""), (insert,))
         yield Finding("BN105", first.span, message, fix)

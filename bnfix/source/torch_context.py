@@ -19,6 +19,7 @@ from bnfix.ir import (
     BNSite,
     Condition,
     Const,
+    FromParam,
     FreezeCall,
     FunctionInfo,
     ModeCall,
@@ -450,8 +451,13 @@ class TorchContext:
     def _param_freezes(self) -> list[ParamFreeze]:
         out = []
         for target, value, stmt, ctx in self.w.attr_sets:
-            if target.attr != "requires_grad" or not is_const(self.r.value(value, ctx.function), False):
+            if target.attr != "requires_grad":
                 continue
+            switch = None
+            if not is_const(self.r.value(value, ctx.function), False):
+                switch = self._false_by_default(value, ctx.function)
+                if switch is None:
+                    continue
             owner_node = target.value
             owner = self._text(owner_node)
             after = stmt
@@ -465,7 +471,7 @@ class TorchContext:
                 continue
             out.append(ParamFreeze(owner, self._narrowed_to_bn(owner, ctx, True), self.text.span(stmt),
                                    self.r.statement(after, compound_ok=True), ctx.function,
-                                   only_bias))
+                                   only_bias, switch))
         for raw in self.w.attr_calls:
             call = raw.call
             if raw.kind != "requires_grad_":
@@ -480,6 +486,25 @@ class TorchContext:
                                    self.text.span(call), self.r.statement(raw.stmt),
                                    raw.ctx.function))
         return out
+
+    def _false_by_default(self, value: ast.expr, function: FunctionInfo | None) -> str | None:
+        """`value` is a parameter of `function` (or `self.<attr>` that `__init__` sets to one)
+        whose default is False, and no call of the module passes it a literal True
+        (Seg-Uncertainty's `i.requires_grad = train_bn` with `train_bn=False`, its
+        `--train_bn` a `store_true` flag): the text of the flag, else None."""
+        found = self.r.value(value, function)
+        if isinstance(found, FromParam) and not found.negated:
+            owner, name = found.function, found.name
+        else:
+            bound = self.r.attribute_param(value, function)
+            if bound is None:
+                return None
+            owner, name = bound
+        param = owner.params.get(name)
+        if param is None or not is_const(param.default, False) or any(
+                is_const(site.args.get(name), True) for site in owner.call_sites):
+            return None
+        return self._text(value)
 
     # -- distributed set-up ----------------------------------------------------------------
 
