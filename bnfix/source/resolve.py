@@ -10,7 +10,7 @@ import functools
 import operator
 import re
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from bnfix.findings import Pos, Span
 from bnfix.ir import (
@@ -151,31 +151,24 @@ class Resolver:
         `for` over `zip` of class lists). Fresh: the new layer is not given the old one's
         parameter objects (`new.weight = module.weight`), so an optimizer built over the old
         ones no longer trains them."""
-        if "num_features" not in self.text.text:
+        if not self.w.param_guards or "num_features" not in self.text.text:
             return {}
         classes = {node.name: node for node, ctx in self.w.class_defs if ctx.function is None}
         out: dict[str, tuple[str, bool]] = {}
         for function in self.w.functions:
-            node = self.w.function_nodes.get(id(function))
-            source = self.text.slice(function.span) if node is not None else ""
-            if "num_features" in source and "isinstance" in source:
-                found = self._conversion(node, function, classes)  # type: ignore[arg-type]
+            guards = self.w.param_guards.get(id(function))
+            if guards:
+                found = self._conversion(function, guards, classes)
                 if found is not None:
                     out[function.qualname] = found
         return out
 
-    def _conversion(self, node: ast.FunctionDef | ast.AsyncFunctionDef, function: FunctionInfo,
+    def _conversion(self, function: FunctionInfo, guards: list[tuple[ast.If, str, ast.expr]],
                     classes: dict[str, ast.ClassDef]) -> tuple[str, bool] | None:
-        loops = _loop_classes(node)
-        returned = {n.value.id for n in ast.walk(node)
-                    if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)}
-        for branch in (n for n in ast.walk(node) if isinstance(n, ast.If)):
-            param = next((t.args[0].id for t in ast.walk(branch.test)
-                          if isinstance(t, ast.Call) and isinstance(t.func, ast.Name)
-                          and t.func.id == "isinstance" and len(t.args) == 2
-                          and isinstance(t.args[0], ast.Name) and t.args[0].id in function.params
-                          and self._bn_class(t.args[1], loops, classes, function, False)), None)
-            if param is None:
+        loops = _loop_classes(lp.node for lp in self.w.loops if lp.function is function)
+        returned = {v.id for v in self.w.returns.get(fkey(function), ()) if isinstance(v, ast.Name)}
+        for branch, param, tested in guards:
+            if not returned or not self._bn_class(tested, loops, classes, function, False):
                 continue
             for stmt in (n for s in branch.body for n in ast.walk(s)):
                 if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
@@ -1561,11 +1554,11 @@ def _backends(text: str) -> frozenset[str]:
 _TOWER_COUNT = re.compile(r"tower|gpu|clone|replica|device|worker|split")
 
 
-def _loop_classes(node: ast.AST) -> dict[str, list[ast.expr]]:
-    """The names `for` loops of `node` bind to the elements of literal lists or tuples
-    (`for bn, sync in zip([nn.BatchNorm1d, ...], [SyncBN1d, ...])`)."""
+def _loop_classes(loops: Iterable[ast.For | ast.AsyncFor]) -> dict[str, list[ast.expr]]:
+    """The names `for` loops bind to the elements of literal lists or tuples (`for bn, sync
+    in zip([nn.BatchNorm1d, ...], [SyncBN1d, ...])`)."""
     out: dict[str, list[ast.expr]] = {}
-    for loop in (n for n in ast.walk(node) if isinstance(n, (ast.For, ast.AsyncFor))):
+    for loop in loops:
         it, target = loop.iter, loop.target
         if isinstance(it, (ast.List, ast.Tuple)) and isinstance(target, ast.Name):
             out[target.id] = list(it.elts)

@@ -242,6 +242,8 @@ class Walker:
         self.option_defaults: dict[str, ast.expr] = {}
         self.class_defs: list[tuple[ast.ClassDef, Ctx]] = []
         self.returns: dict[int, list[ast.expr]] = defaultdict(list)  # function -> returned values
+        # `if isinstance(<a parameter>, <classes>):` by function (what BN converters test)
+        self.param_guards: dict[int, list[tuple[ast.If, str, ast.expr]]] = defaultdict(list)
 
     def walk(self) -> Walker:
         for stmt in self.tree.body:  # module-level imports first: they bind file-wide
@@ -414,6 +416,8 @@ class Walker:
             self._expr(stmt.test, ctx, stmt)
             guard = self._bn_isinstance(stmt.test, ctx)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
+            if guard is not None and ctx.function is not None and guard[0] in ctx.function.params:
+                self.param_guards[id(ctx.function)].append((stmt, guard[0], guard[1]))
             self._body(stmt.body, ctx._replace(guards=guards,
                                                conditions=(*ctx.conditions, (False, stmt.test))))
             ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
