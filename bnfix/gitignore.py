@@ -44,11 +44,15 @@ class Pattern(NamedTuple):
     negated: bool  # `!pattern`: a match re-includes
     folders_only: bool  # `pattern/`
     anchored: bool  # matched against the whole relative path, not the last name
-    regex: str | None  # its regex, None when matched by a glob (more stars)
     # a regex that whatever the pattern matches matches too: its own, or for a glob (or a
     # long pattern) its start followed by `.*` (see _screen: a screen, never the answer)
     screen: str
     literal: str | None = None  # the name or path it matches when it has no wildcard
+
+    @property
+    def regex(self) -> str | None:
+        """Its regex, None when matched by a glob (more stars)."""
+        return self.test.source if isinstance(self.test, _Regex) else None
 
 
 class GitIgnore:
@@ -154,13 +158,12 @@ def parse(line: str) -> Pattern | None:
     if tokens is None:
         return None
     if sum(t.kind in _STARS for t in tokens) > MAX_REGEX_STARS:
-        return Pattern(_Glob(tokens, anchored), negated, folders_only, anchored, None,
-                       _screen(tokens))
+        return Pattern(_Glob(tokens, anchored), negated, folders_only, anchored, _screen(tokens))
     source = "".join(t.regex for t in tokens)
     literal = "".join(t.text for t in tokens) \
         if all(t.kind in (LITERAL, SLASH) for t in tokens) else None
     screen = source if len(source) <= SCREEN_CHARS else _screen(tokens)
-    return Pattern(_Regex(source), negated, folders_only, anchored, source, screen, literal)
+    return Pattern(_Regex(source), negated, folders_only, anchored, screen, literal)
 
 
 def _screen(tokens: list[_Token]) -> str:
