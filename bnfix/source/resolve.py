@@ -156,7 +156,7 @@ class Resolver:
         classes = {node.name: node for node, ctx in self.w.class_defs if ctx.function is None}
         out: dict[str, tuple[str, bool]] = {}
         for function in self.w.functions:
-            guards = self.w.param_guards.get(id(function))
+            guards = self.w.param_guards.get(fkey(function))
             if guards:
                 found = self._conversion(function, guards, classes)
                 if found is not None:

@@ -31,6 +31,7 @@ from bnfix.ir import (
     Related,
     ShadowedMethod,
     Switch,
+    Value,
     is_const,
 )
 from bnfix.source.calls import call_info, unpacks
@@ -454,8 +455,9 @@ class TorchContext:
             if target.attr != "requires_grad":
                 continue
             switch = None
-            if not is_const(self.r.value(value, ctx.function), False):
-                switch = self._false_by_default(value, ctx.function)
+            found = self.r.value(value, ctx.function)
+            if not is_const(found, False):
+                switch = self._false_by_default(value, found, ctx.function)
                 if switch is None:
                     continue
             owner_node = target.value
@@ -487,12 +489,13 @@ class TorchContext:
                                    raw.ctx.function))
         return out
 
-    def _false_by_default(self, value: ast.expr, function: FunctionInfo | None) -> str | None:
-        """`value` is a parameter of `function` (or `self.<attr>` that `__init__` sets to one)
-        whose default is False, and no call of the module passes it a literal True
-        (Seg-Uncertainty's `i.requires_grad = train_bn` with `train_bn=False`, its
-        `--train_bn` a `store_true` flag): the text of the flag, else None."""
-        found = self.r.value(value, function)
+    def _false_by_default(self, value: ast.expr, found: Value, function: FunctionInfo | None
+                          ) -> str | None:
+        """`value` (what is known of it: `found`) is a parameter of `function` (or
+        `self.<attr>` that `__init__` sets to one) whose default is False, and no call of the
+        module passes it a literal True (Seg-Uncertainty's `i.requires_grad = train_bn` with
+        `train_bn=False`, its `--train_bn` a `store_true` flag): the text of the flag, else
+        None."""
         if isinstance(found, FromParam) and not found.negated:
             owner, name = found.function, found.name
         else:

@@ -417,7 +417,7 @@ class Walker:
             guard = self._bn_isinstance(stmt.test, ctx)
             guards = (*ctx.guards, guard) if guard is not None else ctx.guards
             if guard is not None and ctx.function is not None and guard[0] in ctx.function.params:
-                self.param_guards[id(ctx.function)].append((stmt, guard[0], guard[1]))
+                self.param_guards[fkey(ctx.function)].append((stmt, guard[0], guard[1]))
             self._body(stmt.body, ctx._replace(guards=guards,
                                                conditions=(*ctx.conditions, (False, stmt.test))))
             ctx = ctx._replace(conditions=(*ctx.conditions, (True, stmt.test)))
