@@ -165,10 +165,12 @@ class Resolver:
 
     def _conversion(self, function: FunctionInfo, guards: list[tuple[ast.If, str, ast.expr]],
                     classes: dict[str, ast.ClassDef]) -> tuple[str, bool] | None:
-        loops = _loop_classes(lp.node for lp in self.w.loops if lp.function is function)
         returned = {v.id for v in self.w.returns.get(fkey(function), ()) if isinstance(v, ast.Name)}
+        if not returned:
+            return None  # a converter returns the module it made
+        loops = _loop_classes(lp.node for lp in self.w.loops if lp.function is function)
         for branch, param, tested in guards:
-            if not returned or not self._bn_class(tested, loops, classes, function, False):
+            if not self._bn_class(tested, loops, classes, function, False):
                 continue
             for stmt in (n for s in branch.body for n in ast.walk(s)):
                 if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
